@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Installs every interpreter and tool the test suite runs against, outside the
+# repository (in $PYPROF_CACHE, default ~/.cache/pyprof). Idempotent: each step
+# checks what is already there, so a second run takes a second.
+#
+#   - pyenv CPython 3.8-3.13 (shared-library builds with symbols; from the
+#     machine image: pyenv cannot download sources here, so we only check)
+#   - Debian's own /usr/bin/python3.11 (static, stripped; apt package python3.11)
+#   - a Debian sid chroot with python3.13, 3.14, 3.15 (debootstrap)
+#   - py-spy and austin in a venv, as oracles and benchmark peers
+set -euo pipefail
+
+CACHE="${PYPROF_CACHE:-$HOME/.cache/pyprof}"
+mkdir -p "$CACHE"
+log() { printf 'setup-fixtures: %s\n' "$*" >&2; }
+
+need_root() {
+  if [ "$(id -u)" != 0 ]; then
+    log "$1 needs root (apt-get, debootstrap, chroot); run as root"
+    exit 1
+  fi
+}
+
+apt_updated=""
+apt_install() {
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  need_root "installing ${missing[*]}"
+  if [ -z "$apt_updated" ]; then apt-get update -qq; apt_updated=1; fi
+  log "apt-get install ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# 1. pyenv interpreters (part of the machine image).
+PYENV_ROOT="${PYENV_ROOT:-$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")}"
+for v in 3.8 3.9 3.10 3.11 3.12 3.13; do
+  if ! ls -d "$PYENV_ROOT"/versions/"$v".*/bin/python"$v" >/dev/null 2>&1; then
+    log "pyenv CPython $v is missing under $PYENV_ROOT/versions (pyenv install $v)"
+    exit 1
+  fi
+done
+
+# 2. Debian's static python3.11, and tools the tests use.
+apt_install python3.11 debootstrap
+
+# 3. Debian sid chroot with 3.13-3.15. Built aside and renamed, so an
+#    interrupted run never leaves a half chroot that looks complete.
+SID="$CACHE/sid"
+if [ ! -f "$SID/.pyprof-complete" ]; then
+  need_root "debootstrap"
+  rm -rf "$SID.partial"
+  log "debootstrap sid into $SID (about a minute)"
+  debootstrap --variant=minbase --include=python3.13,python3.14,python3.15 sid "$SID.partial" \
+    http://deb.debian.org/debian >"$CACHE/debootstrap.log" 2>&1 || {
+      log "debootstrap failed; see $CACHE/debootstrap.log"; exit 1; }
+  rm -rf "$SID"
+  mv "$SID.partial" "$SID"
+  touch "$SID/.pyprof-complete"
+fi
+for v in 3.13 3.14 3.15; do
+  [ -x "$SID/usr/bin/python$v" ] || { log "python$v missing in $SID"; exit 1; }
+done
+
+# 4. py-spy and austin, pinned, in their own venv.
+TOOLS="$CACHE/tools"
+if [ ! -x "$TOOLS/bin/py-spy" ] || [ ! -x "$TOOLS/bin/austin" ]; then
+  base_py="$(ls -d "$PYENV_ROOT"/versions/3.11.*/bin/python3.11 | head -n1)"
+  "$base_py" -m venv "$TOOLS"
+  "$TOOLS/bin/pip" install -q py-spy==0.4.3 austin-dist==4.0.0
+fi
+
+log "ready: pyenv 3.8-3.13, /usr/bin/python3.11, $SID (3.13-3.15), $TOOLS/bin/{py-spy,austin}"

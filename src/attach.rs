@@ -1,0 +1,169 @@
+//! From a pid to everything the walker needs, once: the interpreter module
+//! (executable or libpython) in the target's maps, its ELF file reached
+//! through `/proc/PID/root`, `_PyRuntime`, the exact version, and validated
+//! [`Offsets`].
+
+use crate::binary::elf::ElfFile;
+use crate::binary::runtime::{self, Method};
+use crate::binary::version::PythonVersion;
+use crate::error::{Error, Result};
+use crate::offsets::{Offsets, debug, table};
+use crate::process::maps::{Mapping, read_maps};
+use crate::process::memory::{RemoteMemory, VmReader};
+use crate::process::{Target, file_name};
+
+#[derive(Debug, Clone, Default)]
+pub struct AttachOptions {
+    /// Use only this way of finding `_PyRuntime` (tests prove each on its own).
+    pub runtime_method: Option<Method>,
+}
+
+pub struct Attached {
+    pub target: Target,
+    pub mem: VmReader,
+    pub maps: Vec<Mapping>,
+    pub offsets: Offsets,
+    pub runtime: u64,
+    pub method: Method,
+    /// Path (as the target sees it) of the module holding `_PyRuntime`.
+    pub module: String,
+}
+
+/// Mapped files that may hold the interpreter, libpython first: when both
+/// exist the executable is only a stub.
+fn candidate_modules(target: &Target, maps: &[Mapping]) -> Vec<String> {
+    let mut libs = Vec::new();
+    let mut exes = Vec::new();
+    let exe = target.exe();
+    for m in maps {
+        let Some(path) = &m.path else { continue };
+        let name = file_name(path);
+        let is_lib = name.starts_with("libpython3") && name.contains(".so");
+        let is_exe = exe.as_deref() == Some(path.as_str());
+        if is_lib && !libs.contains(path) {
+            libs.push(path.clone());
+        } else if is_exe && !exes.contains(path) {
+            exes.push(path.clone());
+        }
+    }
+    libs.extend(exes);
+    libs
+}
+
+pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Attached> {
+    let target = Target::attach(pid)?;
+    let maps = read_maps(pid)?;
+    let mem = VmReader::new(pid);
+    // Probe once so "permission denied" is reported as such, up front.
+    if let Some(m) = maps.iter().find(|m| m.readable) {
+        let mut b = [0u8; 8];
+        match mem.read(m.start, &mut b) {
+            Err(e @ (Error::PermissionDenied { .. } | Error::ProcessGone(_))) => return Err(e),
+            _ => {}
+        }
+    }
+    let mut why = Vec::new();
+    for module in candidate_modules(&target, &maps) {
+        match attach_module(&target, &mem, &maps, &module, opts) {
+            Ok((offsets, runtime, method)) => {
+                return Ok(Attached { target, mem, maps, offsets, runtime, method, module });
+            }
+            Err(e @ (Error::UnsupportedVersion { .. } | Error::ProcessGone(_) | Error::PermissionDenied { .. })) => {
+                return Err(e);
+            }
+            Err(e) => why.push(format!("{module}: {e}")),
+        }
+    }
+    if !target.is_alive() {
+        return Err(Error::ProcessGone(pid));
+    }
+    let exe = target.exe().unwrap_or_default();
+    if why.is_empty() {
+        return Err(Error::NotPython { pid, why: format!("no Python interpreter or libpython is mapped ({exe})") });
+    }
+    Err(Error::NotPython { pid, why: why.join("; ") })
+}
+
+fn attach_module(
+    target: &Target,
+    mem: &VmReader,
+    maps: &[Mapping],
+    module: &str,
+    opts: &AttachOptions,
+) -> Result<(Offsets, u64, Method)> {
+    let pid = target.pid;
+    let elf = ElfFile::open(&target.host_path(module))?;
+    let own: Vec<&Mapping> = maps.iter().filter(|m| m.path.as_deref() == Some(module)).collect();
+    let bias = elf.load_bias(&own).ok_or_else(|| Error::Binary { path: module.into(), why: "cannot work out load address".into() })?;
+    let allowed = |m: Method| opts.runtime_method.is_none_or(|f| f == m);
+
+    let mut found: Option<(u64, Method)> = None;
+    if allowed(Method::Section) {
+        found = runtime::from_section(&elf, bias).map(|a| (a, Method::Section));
+    }
+    if found.is_none() && allowed(Method::Symbol) {
+        found = runtime::from_symbol(&elf, bias).map(|a| (a, Method::Symbol));
+    }
+    let looks_like_python = found.is_some()
+        || elf.symbol("Py_Version").is_some()
+        || elf.symbol("PyEval_EvalFrameDefault").is_some()
+        || elf.section(".PyRuntime").is_some()
+        || file_name(module).contains("python");
+    if !looks_like_python {
+        return Err(Error::NotPython { pid, why: "no Python symbols or sections".into() });
+    }
+
+    // The data blocks serve both the version-text search and the scan.
+    let mut blocks = None;
+    let mut data = || -> Vec<(u64, Vec<u8>)> { runtime::read_data(mem, &elf, bias) };
+
+    let mut version = match found {
+        Some((rt, _)) => debug::read_version(mem, rt)?,
+        None => None,
+    };
+    if version.is_none() {
+        if let Some((addr, _)) = elf.symbol("Py_Version") {
+            version = PythonVersion::from_hex(mem.read_u64(addr.wrapping_add(bias))? & 0xffff_ffff);
+        }
+    }
+    if version.is_none() {
+        let b = blocks.get_or_insert_with(&mut data);
+        let all: Vec<u8> = b.iter().flat_map(|(_, d)| d.iter().copied()).collect();
+        version = PythonVersion::find_in_data(&all, None);
+    }
+    let version = version.ok_or_else(|| Error::NotPython { pid, why: "no Python version found in the interpreter's data".into() })?;
+    let file = match table::for_minor(version.minor) {
+        Some(f) if version.major == 3 => f.map_err(|why| Error::BadOffsets { version: version.to_string(), why })?,
+        _ => return Err(Error::UnsupportedVersion { pid, version: version.to_string() }),
+    };
+    let build = |rt: u64| -> Result<Offsets> {
+        let fields = if file.debug_fields.is_some() { debug::load(mem, rt, &file, &version)? } else { file.fields.clone() };
+        Offsets::build(version.clone(), file.layout, &fields, file.constants.clone(), file.provenance.clone())
+    };
+
+    if found.is_none() && allowed(Method::Scan) {
+        let b = blocks.get_or_insert_with(&mut data);
+        found = if file.debug_fields.is_some() {
+            runtime::cookie_candidates(b)
+                .into_iter()
+                .find(|&rt| build(rt).is_ok_and(|o| runtime::verify_cycle(mem, maps, &o, rt)))
+        } else {
+            let o = build(0)?;
+            runtime::scan(mem, maps, &o, b)
+        }
+        .map(|rt| (rt, Method::Scan));
+    }
+    let (rt, method) = found.ok_or_else(|| Error::RuntimeNotFound {
+        pid,
+        why: match opts.runtime_method {
+            Some(m) => format!("method {m} found nothing in {module}"),
+            None => format!("no .PyRuntime section, no _PyRuntime symbol, and the data scan of {module} found no interpreter"),
+        },
+    })?;
+    let offsets = build(rt)?;
+    if !runtime::verify_cycle(mem, maps, &offsets, rt) {
+        // A process still starting up has no thread state yet: say so plainly.
+        return Err(Error::RuntimeNotFound { pid, why: format!("_PyRuntime at {rt:#x} ({method}) has no live interpreter/thread state (still starting or finalizing?)") });
+    }
+    Ok((offsets, rt, method))
+}

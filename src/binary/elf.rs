@@ -1,0 +1,114 @@
+//! A thin owned view of an ELF file (goblin parses, we keep what we need):
+//! sections, symbols and program headers, all in svma (addresses as stated
+//! in the file). [`ElfFile::load_bias`] turns them into avma for one process.
+
+use std::path::{Path, PathBuf};
+
+use goblin::elf::{Elf, program_header::PT_LOAD};
+
+use crate::error::{Error, Result};
+use crate::process::maps::Mapping;
+
+#[derive(Debug, Clone)]
+pub struct Section {
+    pub name: String,
+    pub addr: u64,
+    pub size: u64,
+    /// NOBITS sections (.bss) occupy memory but not file bytes.
+    pub nobits: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    vaddr: u64,
+    offset: u64,
+    filesz: u64,
+}
+
+#[derive(Debug)]
+pub struct ElfFile {
+    pub path: PathBuf,
+    pub sections: Vec<Section>,
+    /// (name, svma, size) from .dynsym and .symtab, objects and functions.
+    symbols: Vec<(String, u64, u64)>,
+    loads: Vec<Load>,
+    pub build_id: Option<Vec<u8>>,
+}
+
+impl ElfFile {
+    pub fn open(path: &Path) -> Result<ElfFile> {
+        let bytes = std::fs::read(path).map_err(|e| Error::Binary { path: path.into(), why: e.to_string() })?;
+        let elf = Elf::parse(&bytes).map_err(|e| Error::Binary { path: path.into(), why: format!("not ELF: {e}") })?;
+        if !elf.is_64 || !elf.little_endian {
+            return Err(Error::Binary { path: path.into(), why: "only 64-bit little-endian ELF is supported".into() });
+        }
+        let sections = elf
+            .section_headers
+            .iter()
+            .map(|sh| Section {
+                name: elf.shdr_strtab.get_at(sh.sh_name).unwrap_or("").to_string(),
+                addr: sh.sh_addr,
+                size: sh.sh_size,
+                nobits: sh.sh_type == goblin::elf::section_header::SHT_NOBITS,
+            })
+            .collect();
+        let mut symbols = Vec::new();
+        for (syms, strtab) in [(&elf.dynsyms, &elf.dynstrtab), (&elf.syms, &elf.strtab)] {
+            for s in syms.iter() {
+                if s.st_value == 0 {
+                    continue;
+                }
+                if let Some(name) = strtab.get_at(s.st_name) {
+                    symbols.push((name.to_string(), s.st_value, s.st_size));
+                }
+            }
+        }
+        let loads = elf
+            .program_headers
+            .iter()
+            .filter(|p| p.p_type == PT_LOAD)
+            .map(|p| Load { vaddr: p.p_vaddr, offset: p.p_offset, filesz: p.p_filesz })
+            .collect();
+        let build_id = elf.iter_note_headers(&bytes).and_then(|notes| {
+            notes
+                .filter_map(|n| n.ok())
+                .find(|n| n.n_type == goblin::elf::note::NT_GNU_BUILD_ID)
+                .map(|n| n.desc.to_vec())
+        });
+        Ok(ElfFile { path: path.into(), sections, symbols, loads, build_id })
+    }
+
+    pub fn section(&self, name: &str) -> Option<&Section> {
+        self.sections.iter().find(|s| s.name == name)
+    }
+
+    pub fn symbol(&self, name: &str) -> Option<(u64, u64)> {
+        self.symbols.iter().find(|(n, _, _)| n == name).map(|&(_, a, s)| (a, s))
+    }
+
+    /// avma − svma for this file in a process, from its mappings.
+    /// A mapping at file offset `o` in a PT_LOAD segment at (p_offset, p_vaddr)
+    /// holds svma `p_vaddr + (o − p_offset)`.
+    pub fn load_bias(&self, mappings: &[&Mapping]) -> Option<u64> {
+        for m in mappings {
+            for l in &self.loads {
+                // Mappings start page-aligned, possibly before p_offset.
+                let page_off = l.offset & !0xfff;
+                if m.offset >= page_off && m.offset < l.offset + l.filesz.max(1) {
+                    let svma = (l.vaddr + m.offset).wrapping_sub(l.offset);
+                    return Some(m.start.wrapping_sub(svma));
+                }
+            }
+        }
+        None
+    }
+
+    /// Writable data the runtime can live in: .data, .PyRuntime, .bss (svma ranges).
+    pub fn data_ranges(&self) -> Vec<(u64, u64)> {
+        self.sections
+            .iter()
+            .filter(|s| matches!(s.name.as_str(), ".data" | ".bss" | ".PyRuntime") && s.size > 0)
+            .map(|s| (s.addr, s.addr + s.size))
+            .collect()
+    }
+}

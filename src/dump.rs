@@ -1,0 +1,70 @@
+//! `pyprof dump`: one snapshot of every thread, as text or JSON.
+
+use std::io::Write;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::session::{Session, ThreadStack};
+
+#[derive(Debug, Clone, Default)]
+pub struct DumpOptions {
+    pub json: bool,
+    pub verbose: bool,
+}
+
+#[derive(Serialize)]
+struct DumpJson<'a> {
+    pid: i32,
+    python_version: String,
+    threads: &'a [ThreadStack],
+}
+
+/// How often to retry a snapshot torn by the running target.
+const ATTEMPTS: usize = 20;
+
+/// A snapshot, retried while the target changes under us.
+pub fn snapshot_with_retry(session: &mut Session) -> Result<Vec<ThreadStack>> {
+    let mut last = None;
+    for _ in 0..ATTEMPTS {
+        match session.snapshot() {
+            Ok(s) => return Ok(s),
+            Err(e) if e.is_transient() => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    if !session.attached.target.is_alive() {
+        return Err(Error::ProcessGone(session.pid()));
+    }
+    Err(last.unwrap())
+}
+
+pub fn run(session: &mut Session, opts: &DumpOptions, out: &mut dyn Write) -> Result<()> {
+    let threads = snapshot_with_retry(session)?;
+    let a = &session.attached;
+    if opts.json {
+        let doc = DumpJson { pid: a.target.pid, python_version: a.offsets.version.to_string(), threads: &threads };
+        serde_json::to_writer(&mut *out, &doc).map_err(std::io::Error::from)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(out, "Process {}: {}", a.target.pid, a.target.cmdline().join(" "))?;
+    writeln!(out, "Python v{} ({})", a.offsets.version, a.module)?;
+    if opts.verbose {
+        writeln!(out, "_PyRuntime at {:#x} (found by {}); offsets: {}", a.runtime, a.method, a.offsets.provenance)?;
+    }
+    for t in &threads {
+        writeln!(out)?;
+        let mut facts = Vec::new();
+        if t.holds_gil {
+            facts.push("holds GIL");
+        }
+        facts.push(if t.on_cpu { "on CPU" } else { "idle" });
+        let id = t.native_id.map_or_else(|| format!("{:#x}", t.python_id), |n| n.to_string());
+        writeln!(out, "Thread {id} ({}) [{}]", t.name.as_deref().unwrap_or("?"), facts.join(", "))?;
+        for f in &t.frames {
+            writeln!(out, "    {} ({}:{})", f.function, f.file, f.line)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,43 @@
+//! pyprof: an out-of-process sampling profiler for CPython 3.8–3.15.
+//!
+//! Data flow: a pid becomes a [`process::Target`] (existence, permission,
+//! `/proc/PID/root`); [`attach`] finds the interpreter module in the maps,
+//! opens its ELF through the target's root, locates `_PyRuntime`
+//! ([`binary::runtime`]: section, symbol, data scan), reads the exact version
+//! ([`binary::version`]) and builds validated [`offsets::Offsets`] from
+//! `offsets/*.toml` or the target's `_Py_DebugOffsets`. A [`session::Session`]
+//! then walks interpreters → thread states ([`python::threads`]) → frames
+//! ([`python::frames`]) → code objects ([`python::code`], cached) and maps each
+//! instruction to a line ([`python::linetable`]). All reads go through
+//! [`process::memory::RemoteMemory`] (`process_vm_readv`; the target never stops).
+
+pub mod attach;
+pub mod binary;
+pub mod cli;
+pub mod dump;
+pub mod error;
+pub mod offsets;
+pub mod process;
+pub mod python;
+pub mod session;
+
+use std::io::Write;
+
+use anyhow::Context;
+
+use cli::{Cli, Command};
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Dump(args) => {
+            let pid = args.target.pid;
+            let mut session = session::Session::attach(pid, &args.target.attach_options())?;
+            let opts = dump::DumpOptions { json: args.json, verbose: args.verbose };
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            dump::run(&mut session, &opts, &mut out).with_context(|| format!("dumping pid {pid}"))?;
+            out.flush()?;
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! The per-version data files under `offsets/`, embedded at build time so the
+//! binary is self-contained. See `offsets/README.md` for the schema.
+
+use std::collections::BTreeMap;
+
+use super::{Constants, FieldMap, FrameKind, LastiUnit, Layout};
+use crate::python::linetable::LineTableKind;
+
+const FILES: &[(u32, &str)] = &[
+    (8, include_str!("../../offsets/cpython-3.8.toml")),
+    (9, include_str!("../../offsets/cpython-3.9.toml")),
+    (10, include_str!("../../offsets/cpython-3.10.toml")),
+    (11, include_str!("../../offsets/cpython-3.11.toml")),
+    (12, include_str!("../../offsets/cpython-3.12.toml")),
+    (13, include_str!("../../offsets/cpython-3.13.toml")),
+    (14, include_str!("../../offsets/cpython-3.14.toml")),
+    (15, include_str!("../../offsets/cpython-3.15.toml")),
+];
+
+pub fn supported_minors() -> impl Iterator<Item = u32> {
+    FILES.iter().map(|&(m, _)| m)
+}
+
+/// One parsed `cpython-3.X.toml`.
+#[derive(Debug, Clone)]
+pub struct VersionFile {
+    pub minor: u32,
+    pub provenance: String,
+    pub layout: Layout,
+    /// Offsets carried by the file (for 3.13+, only what `_Py_DebugOffsets` lacks).
+    pub fields: FieldMap,
+    pub constants: Constants,
+    /// 3.13+: names of the u64 words after the cookie of `_Py_DebugOffsets`, in order.
+    pub debug_fields: Option<Vec<String>>,
+}
+
+pub fn for_minor(minor: u32) -> Option<Result<VersionFile, String>> {
+    FILES.iter().find(|&&(m, _)| m == minor).map(|&(m, text)| parse(m, text))
+}
+
+pub fn parse(minor: u32, text: &str) -> Result<VersionFile, String> {
+    let doc: toml::Table = text.parse().map_err(|e| format!("cpython-3.{minor}.toml: {e}"))?;
+    let str_of = |sec: &str, key: &str| -> Option<String> { doc.get(sec)?.get(key)?.as_str().map(str::to_string) };
+    let layout_str = |key: &str| str_of("layout", key).ok_or(format!("cpython-3.{minor}.toml: [layout] {key} missing"));
+    let layout = Layout {
+        frame: match layout_str("frame")?.as_str() {
+            "frame_object" => FrameKind::FrameObject,
+            "interpreter_frame" => FrameKind::InterpreterFrame,
+            other => return Err(format!("unknown frame layout {other}")),
+        },
+        linetable: match layout_str("linetable")?.as_str() {
+            "lnotab" => LineTableKind::Lnotab,
+            "linetable" => LineTableKind::Linetable310,
+            "locations" => LineTableKind::Locations,
+            other => return Err(format!("unknown linetable kind {other}")),
+        },
+        lasti: match layout_str("lasti")?.as_str() {
+            "bytes" => LastiUnit::Bytes,
+            "code_units" => LastiUnit::CodeUnits,
+            "instr_ptr" => LastiUnit::InstrPtr,
+            other => return Err(format!("unknown lasti unit {other}")),
+        },
+    };
+    let provenance = ["python", "source", "applies_to"]
+        .iter()
+        .filter_map(|k| str_of("provenance", k).map(|v| format!("{k}: {v}")))
+        .collect::<Vec<_>>()
+        .join("; ");
+
+    let mut fields = FieldMap::new();
+    let mut consts: BTreeMap<String, i64> = BTreeMap::new();
+    let mut debug_fields = None;
+    for (section, value) in &doc {
+        let Some(table) = value.as_table() else { continue };
+        match section.as_str() {
+            "provenance" | "layout" => {}
+            "constants" => {
+                for (k, v) in table {
+                    consts.insert(k.clone(), v.as_integer().ok_or(format!("constant {k} is not an integer"))?);
+                }
+            }
+            "debug_offsets" => {
+                let list = table.get("fields").and_then(|f| f.as_array()).ok_or("debug_offsets.fields missing")?;
+                debug_fields = Some(list.iter().filter_map(|v| v.as_str().map(str::to_string)).collect::<Vec<_>>());
+            }
+            _ => {
+                for (k, v) in table {
+                    if let Some(n) = v.as_integer() {
+                        let n = u64::try_from(n).map_err(|_| format!("{section}.{k} is negative"))?;
+                        fields.insert(format!("{section}.{k}"), n);
+                    }
+                }
+            }
+        }
+    }
+    let owner = |k: &str| consts.get(k).and_then(|&v| u8::try_from(v).ok());
+    let constants = Constants {
+        frame_owned_by_cstack: owner("frame_owned_by_cstack"),
+        frame_owned_by_interpreter: owner("frame_owned_by_interpreter"),
+        executable_tag_mask: consts.get("executable_tag_mask").copied().unwrap_or(0) as u64,
+    };
+    Ok(VersionFile { minor, provenance, layout, fields, constants, debug_fields })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_embedded_file_parses_and_builds() {
+        for minor in supported_minors() {
+            let file = for_minor(minor).unwrap().unwrap();
+            if file.debug_fields.is_none() {
+                let v = crate::binary::version::PythonVersion { major: 3, minor, patch: 0, release: String::new() };
+                super::super::Offsets::build(v, file.layout, &file.fields, file.constants.clone(), file.provenance.clone())
+                    .unwrap_or_else(|e| panic!("3.{minor}: {e}"));
+            } else {
+                assert!(file.debug_fields.as_ref().unwrap().len() > 20, "3.{minor}");
+            }
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! Reading the target's memory. Everything that touches remote memory goes
+//! through [`RemoteMemory`], so walkers can run on a live process or on a
+//! captured snapshot alike. [`VmReader`] is the live implementation: it uses
+//! `process_vm_readv` only, so the target is never stopped or ptraced.
+
+use std::cell::Cell;
+
+use crate::error::{Error, Result, permission_hint};
+
+/// Addresses here are always avma (actual virtual memory addresses in the target).
+pub trait RemoteMemory {
+    /// Fill `buf` from `addr`. A short read is an error.
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()>;
+
+    /// Several reads in one go; implementations batch them into one syscall.
+    fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> Result<()> {
+        for (addr, buf) in reqs.iter_mut() {
+            self.read(*addr, buf)?;
+        }
+        Ok(())
+    }
+
+    fn read_u64(&self, addr: u64) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    fn read_u32(&self, addr: u64) -> Result<u32> {
+        let mut b = [0u8; 4];
+        self.read(addr, &mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    fn read_vec(&self, addr: u64, len: usize) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; len];
+        self.read(addr, &mut v)?;
+        Ok(v)
+    }
+}
+
+/// Live reader over `process_vm_readv`.
+pub struct VmReader {
+    pid: i32,
+    syscalls: Cell<u64>,
+}
+
+/// The kernel caps one process_vm_readv at IOV_MAX iovecs.
+const IOV_MAX: usize = 1024;
+
+impl VmReader {
+    pub fn new(pid: i32) -> Self {
+        VmReader { pid, syscalls: Cell::new(0) }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Number of process_vm_readv calls made so far (the main cost of a sample).
+    pub fn syscalls(&self) -> u64 {
+        self.syscalls.get()
+    }
+
+    fn classify(&self, addr: u64, len: usize, err: std::io::Error) -> Error {
+        match err.raw_os_error() {
+            Some(libc::ESRCH) => Error::ProcessGone(self.pid),
+            Some(libc::EPERM) | Some(libc::EACCES) => {
+                // EPERM also comes back once a pid has been reaped and reused by
+                // a process of another user: tell the two apart.
+                if !std::path::Path::new(&format!("/proc/{}", self.pid)).exists() {
+                    Error::ProcessGone(self.pid)
+                } else {
+                    Error::PermissionDenied { pid: self.pid, hint: permission_hint() }
+                }
+            }
+            _ => Error::Read { pid: self.pid, addr, len, source: err },
+        }
+    }
+
+    fn readv(&self, local: &[libc::iovec], remote: &[libc::iovec], total: usize, first: u64) -> Result<()> {
+        self.syscalls.set(self.syscalls.get() + 1);
+        // SAFETY: every local iovec points into a live &mut [u8] owned by the
+        // caller for the duration of this call; remote iovecs are only read
+        // by the kernel, which validates them.
+        let n = unsafe {
+            libc::process_vm_readv(
+                self.pid,
+                local.as_ptr(),
+                local.len() as libc::c_ulong,
+                remote.as_ptr(),
+                remote.len() as libc::c_ulong,
+                0,
+            )
+        };
+        if n < 0 {
+            return Err(self.classify(first, total, std::io::Error::last_os_error()));
+        }
+        if n as usize != total {
+            return Err(Error::Read {
+                pid: self.pid,
+                addr: first,
+                len: total,
+                source: std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("short read ({n} bytes)")),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl RemoteMemory for VmReader {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let local = [libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() }];
+        let remote = [libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: buf.len() }];
+        self.readv(&local, &remote, buf.len(), addr)
+    }
+
+    fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> Result<()> {
+        for chunk in reqs.chunks_mut(IOV_MAX) {
+            let mut local = Vec::with_capacity(chunk.len());
+            let mut remote = Vec::with_capacity(chunk.len());
+            let mut total = 0;
+            for (addr, buf) in chunk.iter_mut() {
+                if buf.is_empty() {
+                    continue;
+                }
+                local.push(libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() });
+                remote.push(libc::iovec { iov_base: *addr as *mut libc::c_void, iov_len: buf.len() });
+                total += buf.len();
+            }
+            if total > 0 {
+                self.readv(&local, &remote, total, chunk[0].0)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Little-endian field access into a local copy of a remote struct.
+/// Out-of-range offsets read as zero: offsets were validated against the
+/// struct sizes at attach, so this only happens on a torn or bogus buffer,
+/// which the caller's consistency checks then reject.
+pub fn field_u64(buf: &[u8], off: usize) -> u64 {
+    buf.get(off..off + 8).map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap()))
+}
+
+pub fn field_u32(buf: &[u8], off: usize) -> u32 {
+    buf.get(off..off + 4).map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap()))
+}
+
+pub fn field_u8(buf: &[u8], off: usize) -> u8 {
+    buf.get(off).copied().unwrap_or(0)
+}

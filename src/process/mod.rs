@@ -1,0 +1,97 @@
+//! The target process: existence and permission checks, its threads, and
+//! path resolution through `/proc/PID/root`, so a process in a container or a
+//! chroot is handled exactly like any other.
+
+pub mod maps;
+pub mod memory;
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result, permission_hint};
+
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub pid: i32,
+}
+
+impl Target {
+    /// Checks the pid exists and that we may read it.
+    pub fn attach(pid: i32) -> Result<Target> {
+        if pid <= 0 {
+            return Err(Error::NoSuchProcess(pid));
+        }
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        if !proc_dir.exists() {
+            return Err(Error::NoSuchProcess(pid));
+        }
+        // Zombies have no memory left to read.
+        if let Some('Z') = task_state(pid, pid) {
+            return Err(Error::ProcessGone(pid));
+        }
+        // /proc/PID/maps is readable under the same ptrace-access rule as
+        // process_vm_readv, so it is a cheap and early permission probe.
+        match std::fs::File::open(proc_dir.join("maps")) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(Error::PermissionDenied { pid, hint: permission_hint() });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::NoSuchProcess(pid)),
+            Err(e) => return Err(e.into()),
+        }
+        Ok(Target { pid })
+    }
+
+    pub fn is_alive(&self) -> bool {
+        !matches!(task_state(self.pid, self.pid), None | Some('Z') | Some('X'))
+    }
+
+    /// A path as the target sees it, made reachable from here.
+    pub fn host_path(&self, path: &str) -> PathBuf {
+        let rel = path.trim_start_matches('/');
+        let via_root = PathBuf::from(format!("/proc/{}/root", self.pid)).join(rel);
+        if via_root.exists() { via_root } else { PathBuf::from(path) }
+    }
+
+    /// The executable as the target sees it (readlink of /proc/PID/exe).
+    pub fn exe(&self) -> Option<String> {
+        std::fs::read_link(format!("/proc/{}/exe", self.pid))
+            .ok()
+            .map(|p| p.to_string_lossy().trim_end_matches(" (deleted)").to_string())
+    }
+
+    pub fn cmdline(&self) -> Vec<String> {
+        std::fs::read(format!("/proc/{}/cmdline", self.pid))
+            .map(|b| {
+                b.split(|&c| c == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn threads(&self) -> Vec<i32> {
+        let mut tids: Vec<i32> = std::fs::read_dir(format!("/proc/{}/task", self.pid))
+            .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+            .unwrap_or_default();
+        tids.sort_unstable();
+        tids
+    }
+}
+
+/// One-letter scheduler state of a thread ('R' running, 'S' sleeping, ...).
+pub fn task_state(pid: i32, tid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    // comm may contain spaces and parentheses: the state follows the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.trim_start().chars().next()
+}
+
+/// The kernel's name for a thread (/proc/PID/task/TID/comm).
+pub fn task_comm(pid: i32, tid: i32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok().map(|s| s.trim_end().to_string())
+}
+
+pub fn file_name(path: &str) -> &str {
+    Path::new(path).file_name().and_then(|s| s.to_str()).unwrap_or(path)
+}

@@ -1,0 +1,7 @@
+//! Reading CPython's own data structures out of the target.
+
+pub mod code;
+pub mod frames;
+pub mod linetable;
+pub mod strings;
+pub mod threads;

@@ -1,0 +1,110 @@
+//! An attached target plus the caches that make repeated walks cheap.
+//! [`Session::snapshot`] is one consistent look at every thread's stack.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::attach::{AttachOptions, Attached, attach};
+use crate::error::Result;
+use crate::process::memory::RemoteMemory;
+use crate::process::{task_comm, task_state};
+use crate::python::code::CodeCache;
+use crate::python::frames::{Frame, FrameWalker};
+use crate::python::threads::{ThreadState, find_pthread_tid_offset, gil_holder, thread_states};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ThreadStack {
+    pub native_id: Option<u64>,
+    pub python_id: u64,
+    pub name: Option<String>,
+    pub holds_gil: bool,
+    pub on_cpu: bool,
+    #[serde(serialize_with = "ser_frames")]
+    pub frames: Vec<Frame>,
+}
+
+fn ser_frames<S: serde::Serializer>(frames: &[Frame], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    #[derive(Serialize)]
+    struct F<'a> {
+        function: &'a str,
+        file: &'a str,
+        line: i32,
+    }
+    let mut seq = s.serialize_seq(Some(frames.len()))?;
+    for f in frames {
+        seq.serialize_element(&F { function: &f.function, file: &f.file, line: f.line })?;
+    }
+    seq.end()
+}
+
+pub struct Session {
+    pub attached: Attached,
+    codes: CodeCache,
+    walker: FrameWalker,
+    states: Vec<ThreadState>,
+    /// ≤ 3.10: where glibc keeps the tid in `struct pthread` (found once).
+    pthread_tid_offset: Option<Option<u64>>,
+}
+
+impl Session {
+    pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Session> {
+        Ok(Session {
+            attached: attach(pid, opts)?,
+            codes: CodeCache::default(),
+            walker: FrameWalker::default(),
+            states: Vec::new(),
+            pthread_tid_offset: None,
+        })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.attached.target.pid
+    }
+
+    /// Every thread's stack, innermost frame first.
+    pub fn snapshot(&mut self) -> Result<Vec<ThreadStack>> {
+        let a = &self.attached;
+        let o = &a.offsets;
+        thread_states(&a.mem, o, a.runtime, &mut self.states)?;
+        let pid = a.target.pid;
+        if o.thread.native_thread_id.is_none() && self.pthread_tid_offset.is_none() {
+            let pthreads: Vec<u64> = self.states.iter().map(|t| t.thread_id).collect();
+            self.pthread_tid_offset = Some(find_pthread_tid_offset(&a.mem, pid, &a.target.threads(), &pthreads));
+        }
+        let mut out = Vec::with_capacity(self.states.len());
+        let mut holder_by_interp: Vec<(u64, Option<u64>)> = Vec::new();
+        for ts in &self.states {
+            let holder = match holder_by_interp.iter().find(|(i, _)| *i == ts.interp) {
+                Some(&(_, h)) => h,
+                None => {
+                    let h = gil_holder(&a.mem, o, a.runtime, ts.interp)?;
+                    holder_by_interp.push((ts.interp, h));
+                    h
+                }
+            };
+            let native_id = ts.native_id.or_else(|| {
+                let off = self.pthread_tid_offset.flatten()?;
+                a.mem.read_u32(ts.thread_id + off).ok().map(|t| t as u64)
+            });
+            let mut frames = Vec::new();
+            self.walker.walk(&a.mem, o, &mut self.codes, ts.frame, &mut frames)?;
+            let tid = native_id.map(|t| t as i32);
+            out.push(ThreadStack {
+                native_id,
+                python_id: ts.thread_id,
+                name: tid.and_then(|t| task_comm(pid, t)),
+                holds_gil: holder == Some(ts.addr),
+                on_cpu: tid.and_then(|t| task_state(pid, t)) == Some('R'),
+                frames,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Shared, cheap-to-clone strings for frames built elsewhere (tests, writers).
+pub fn frame(function: &str, file: &str, line: i32) -> Frame {
+    Frame { function: Arc::from(function), file: Arc::from(file), line }
+}

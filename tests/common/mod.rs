@@ -1,0 +1,208 @@
+//! Shared test harness: the interpreter matrix, target processes that are
+//! killed when dropped, and running the pyprof binary.
+//!
+//! Every interpreter of the matrix must be present when CI=true; on a
+//! developer machine a missing one is skipped with a message saying so.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("PYPROF_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache/pyprof"))
+}
+
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+#[derive(Debug, Clone)]
+pub struct Interpreter {
+    /// e.g. "pyenv-3.9", "debian-static-3.11", "sid-3.15"
+    pub label: String,
+    pub minor: u32,
+    /// Host path of the python executable.
+    pub exe: PathBuf,
+    /// Set for interpreters that live in a chroot: its root on the host.
+    pub chroot: Option<PathBuf>,
+}
+
+fn pyenv_root() -> PathBuf {
+    std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".pyenv"))
+}
+
+/// The whole matrix, in a fixed order. Missing interpreters fail in CI.
+pub fn interpreters() -> Vec<Interpreter> {
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    for minor in 8..=13 {
+        let versions = pyenv_root().join("versions");
+        let exe = std::fs::read_dir(&versions).ok().and_then(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path().join(format!("bin/python3.{minor}")))
+                .find(|p| p.to_string_lossy().contains(&format!("/3.{minor}.")) && p.exists())
+        });
+        match exe {
+            Some(exe) => found.push(Interpreter { label: format!("pyenv-3.{minor}"), minor, exe, chroot: None }),
+            None => missing.push(format!("pyenv 3.{minor} under {}", versions.display())),
+        }
+    }
+    let debian = PathBuf::from("/usr/bin/python3.11");
+    if debian.exists() {
+        found.push(Interpreter { label: "debian-static-3.11".into(), minor: 11, exe: debian, chroot: None });
+    } else {
+        missing.push("Debian /usr/bin/python3.11".into());
+    }
+    let sid = cache_dir().join("sid");
+    for minor in 13..=15 {
+        let exe = sid.join(format!("usr/bin/python3.{minor}"));
+        if exe.exists() {
+            found.push(Interpreter { label: format!("sid-3.{minor}"), minor, exe, chroot: Some(sid.clone()) });
+        } else {
+            missing.push(format!("sid chroot python3.{minor} ({})", exe.display()));
+        }
+    }
+    if !missing.is_empty() {
+        let msg = format!("missing interpreters: {} (run scripts/setup-fixtures.sh)", missing.join(", "));
+        if in_ci() {
+            panic!("{msg}");
+        }
+        eprintln!("SKIPPED on this developer machine: {msg}");
+    }
+    found
+}
+
+pub fn scripts_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/scripts")
+}
+
+impl Interpreter {
+    /// Where test scripts live as the target sees them. Chroot targets get a
+    /// copy inside the chroot; host targets run them in place.
+    pub fn scripts_path(&self) -> PathBuf {
+        match &self.chroot {
+            None => scripts_dir(),
+            Some(_) => PathBuf::from("/tmp/pyprof-test-scripts"),
+        }
+    }
+
+    fn stage_scripts(&self) {
+        if let Some(root) = &self.chroot {
+            let dest = root.join("tmp/pyprof-test-scripts");
+            std::fs::create_dir_all(&dest).unwrap();
+            for e in std::fs::read_dir(scripts_dir()).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_file() {
+                    std::fs::copy(&p, dest.join(p.file_name().unwrap())).unwrap();
+                }
+            }
+        }
+    }
+
+    /// A Command that runs `python SCRIPT ARGS` for this interpreter.
+    pub fn command(&self, script: &str, args: &[&str]) -> Command {
+        self.stage_scripts();
+        let script_path = self.scripts_path().join(script);
+        let mut cmd = match &self.chroot {
+            None => Command::new(&self.exe),
+            Some(root) => {
+                let mut c = Command::new("chroot");
+                c.arg(root).arg(Path::new("/").join(self.exe.strip_prefix(root).unwrap()));
+                c
+            }
+        };
+        cmd.arg(script_path).args(args);
+        cmd
+    }
+
+    /// Start a target and wait for its first stdout line (the script prints
+    /// one when it has reached the state the test wants to look at).
+    pub fn spawn(&self, script: &str, args: &[&str]) -> TargetProcess {
+        let mut child = self
+            .command(script, args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: cannot start {script}: {e}", self.label));
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut line = String::new();
+            let _ = r.read_line(&mut line);
+            let _ = tx.send(line);
+            // Keep draining so the target never blocks on a full pipe.
+            let mut sink = String::new();
+            while r.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
+                sink.clear();
+            }
+        });
+        let first_line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("{}: {script} did not report ready", self.label));
+        TargetProcess { child, first_line }
+    }
+}
+
+/// A running target; killed and reaped on drop so tests never leak processes.
+pub struct TargetProcess {
+    pub child: Child,
+    pub first_line: String,
+}
+
+impl TargetProcess {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+}
+
+impl Drop for TargetProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn pyprof_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_pyprof")
+}
+
+pub fn pyprof(args: &[&str]) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let out = Command::new(pyprof_bin()).args(args).env_remove("PYPROF_RUNTIME_METHOD").output().expect("run pyprof");
+    assert!(Instant::now() < deadline, "pyprof {args:?} took over two minutes");
+    out
+}
+
+pub fn pyprof_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(pyprof_bin());
+    cmd.args(args).env_remove("PYPROF_RUNTIME_METHOD");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run pyprof")
+}
+
+/// Run `f` for every interpreter, collecting failures so one broken version
+/// does not hide the state of the others.
+pub fn for_each_interpreter(f: impl Fn(&Interpreter) + std::panic::RefUnwindSafe) {
+    let mut failures = Vec::new();
+    for interp in interpreters() {
+        if let Err(e) = std::panic::catch_unwind(|| f(&interp)) {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            failures.push(format!("[{}] {msg}", interp.label));
+        }
+    }
+    assert!(failures.is_empty(), "{} interpreter(s) failed:\n{}", failures.len(), failures.join("\n"));
+}

@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""check-live.py: prove an offsets/cpython-3.X.toml against a running interpreter.
+
+Why: gen.sh proves the numbers match the headers (and DWARF, when there is
+one), but a distro binary may be built from other headers or flags.  This
+reads the target the way pyprof will, with nothing but the .toml file:
+
+  * locates _PyRuntime (ELF section .PyRuntime, else the _PyRuntime dynsym) in
+    the executable or libpython mapped by PID, plus the load bias from maps;
+  * 3.13+: checks the cookie, the version word and that every word of the live
+    _Py_DebugOffsets equals the value the .toml records from the headers
+    (differences are listed; patch releases may change struct sizes);
+  * walks runtime -> interpreters -> threads -> frames -> code -> co_name with
+    the union of the file's and the target's offsets, and checks the walk
+    closes up: tstate->interp points back, native_thread_id is a task of PID,
+    instr_ptr lies inside co_code_adaptive, ob_type of the code is "code",
+    the GIL holder (if locked) is one of the threads.
+
+Usage (as root, Python 3.11+ for tomllib):
+    check-live.py PID offsets/cpython-3.X.toml
+A good target (non-ASCII name exercises PyCompactUnicodeObject; the spinner
+keeps the GIL held):
+    python3.X -c 'import threading,time
+def spin():
+    while True: pass
+def schläft(): time.sleep(300)
+threading.Thread(target=spin, daemon=True).start(); schläft()'
+"""
+import os
+import struct
+import sys
+import tomllib
+
+
+# ---- ELF: just enough to find _PyRuntime --------------------------------
+def elf_info(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x7fELF" or data[4] != 2:
+        return None
+    e_phoff, e_shoff = struct.unpack_from("<QQ", data, 0x20)
+    e_phentsize, e_phnum, e_shentsize, e_shnum, e_shstrndx = struct.unpack_from("<HHHHH", data, 0x36)
+    loads = []
+    for i in range(e_phnum):
+        p_type, _, p_offset, p_vaddr = struct.unpack_from("<IIQQ", data, e_phoff + i * e_phentsize)
+        if p_type == 1:
+            loads.append((p_offset, p_vaddr))
+    secs = []
+    for i in range(e_shnum):
+        secs.append(struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + i * e_shentsize))
+    shstr = secs[e_shstrndx]
+
+    def name(off, strtab):
+        start = strtab[4] + off
+        return data[start:data.index(b"\0", start)].decode()
+
+    by_name = {name(s[0], shstr): s for s in secs}
+    out = {"min_load": min(v - o for o, v in loads) if loads else 0}
+    if ".PyRuntime" in by_name:
+        out["section"] = by_name[".PyRuntime"][3]
+    dynsym, dynstr = by_name.get(".dynsym"), by_name.get(".dynstr")
+    if dynsym and dynstr:
+        for off in range(dynsym[4], dynsym[4] + dynsym[5], 24):
+            st_name, _, _, _, st_value, _ = struct.unpack_from("<IBBHQQ", data, off)
+            if st_value and name(st_name, dynstr) == "_PyRuntime":
+                out["dynsym"] = st_value
+    return out
+
+
+def find_runtime(pid):
+    seen = {}
+    for line in open(f"/proc/{pid}/maps"):
+        parts = line.split()
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue
+        path, off = parts[5], int(parts[2], 16)
+        start = int(parts[0].split("-")[0], 16)
+        if off == 0 and path not in seen:
+            a, b = (int(x, 16) for x in parts[0].split("-"))
+            seen[path] = (start, f"{a:x}-{b:x}")
+    for path, (start, rng) in seen.items():
+        base = os.path.basename(path)
+        if not (base.startswith("python") or base.startswith("libpython")):
+            continue
+        # map_files opens the very file mapped, even across a chroot
+        info = elf_info(f"/proc/{pid}/map_files/{rng}")
+        if not info or ("section" not in info and "dynsym" not in info):
+            continue
+        bias = start - info["min_load"]
+        sec = info.get("section")
+        dyn = info.get("dynsym")
+        if sec is not None and dyn is not None and sec != dyn:
+            sys.exit(f"{path}: .PyRuntime {sec:#x} != _PyRuntime {dyn:#x}")
+        how = ".PyRuntime section" if sec is not None else "_PyRuntime dynsym"
+        return bias + (sec if sec is not None else dyn), f"{path} ({how}, bias {bias:#x})"
+    sys.exit("no _PyRuntime found in any mapped python/libpython")
+
+
+# ---- memory ------------------------------------------------------------
+class Mem:
+    def __init__(self, pid):
+        self.f = open(f"/proc/{pid}/mem", "rb", buffering=0)
+
+    def read(self, addr, n):
+        self.f.seek(addr)
+        return self.f.read(n)
+
+    def u64(self, a): return struct.unpack("<Q", self.read(a, 8))[0]
+    def i64(self, a): return struct.unpack("<q", self.read(a, 8))[0]
+    def u32(self, a): return struct.unpack("<I", self.read(a, 4))[0]
+    def i32(self, a): return struct.unpack("<i", self.read(a, 4))[0]
+    def u8(self, a): return self.read(a, 1)[0]
+
+    def cstr(self, a, n=64):
+        b = self.read(a, n)
+        return b.split(b"\0")[0].decode(errors="replace")
+
+
+def main():
+    pid, path = int(sys.argv[1]), sys.argv[2]
+    text = open(path).read()
+    doc = tomllib.loads(text)
+    mem = Mem(pid)
+    runtime, where = find_runtime(pid)
+    print(f"_PyRuntime at {runtime:#x} in {where}")
+    problems = []
+
+    # Union: file sections, then (3.13+) the target's _Py_DebugOffsets.
+    f = {}
+    for sec, tab in doc.items():
+        if sec in ("provenance", "layout", "constants", "debug_offsets"):
+            continue
+        for k, v in tab.items():
+            if isinstance(v, int):
+                f[f"{sec}.{k}"] = v
+    const = doc.get("constants", {})
+    dbg = doc.get("debug_offsets")
+    if dbg:
+        names = dbg["fields"]
+        raw = mem.read(runtime, dbg["size"])
+        cookie = raw[:8].decode(errors="replace")
+        words = struct.unpack_from(f"<{len(names)}Q", raw, 8)
+        print(f"cookie {cookie!r}, version {words[0]:#x}, free_threaded {words[1]}")
+        if cookie != dbg["cookie"]:
+            sys.exit(f"cookie {cookie!r} != {dbg['cookie']!r}")
+        want_minor = int(doc["provenance"]["python"].split(".")[1])
+        if words[0] >> 24 != 3 or (words[0] >> 16) & 0xFF != want_minor:
+            sys.exit(f"version word {words[0]:#x} is not 3.{want_minor}")
+        # values the .toml recorded from the headers, from its comments
+        expected = {}
+        for line in text.splitlines():
+            if line.strip().startswith('"') and "# [" in line:
+                name = line.split('"')[1]
+                val = line.rsplit("=", 1)[1].strip()
+                expected[name] = int(val, 0)
+        same = 0
+        for name, w in zip(names, words):
+            if name in expected and expected[name] != w and name != "version":
+                print(f"  differs from headers: {name} = {w} (headers {expected[name]})")
+            else:
+                same += 1
+        print(f"  {same} of {len(names)} words equal the values compiled from the headers")
+        for name, w in zip(names, words):
+            f[name] = w
+        # The only words whose size must also agree: the words after the last
+        # field are not part of the struct, so size itself is checked by the
+        # walk below starting at the right place.
+
+    g = lambda k: f[k]
+    # ---- walk ----
+    interp = mem.u64(runtime + g("runtime_state.interpreters_head"))
+    print(f"interp {interp:#x} id {mem.i64(interp + g('interpreter_state.id'))}")
+    if mem.u64(interp + g("interpreter_state.next")) not in (0,):
+        print("  (more than one interpreter)")
+    modules = mem.u64(interp + g("interpreter_state.imports_modules"))
+    for k, addr in (("modules", modules), ("sysdict", mem.u64(interp + g("interpreter_state.sysdict"))),
+                    ("builtins", mem.u64(interp + g("interpreter_state.builtins")))):
+        tp = mem.u64(addr + g("pyobject.ob_type"))
+        tn = mem.cstr(mem.u64(tp + g("type_object.tp_name")))
+        print(f"  interp.{k} -> {tn}")
+        if tn != "dict":
+            problems.append(f"interp.{k} is a {tn}, not a dict")
+
+    tasks = set(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    tstates = []
+    t = mem.u64(interp + g("interpreter_state.threads_head"))
+    while t and len(tstates) < 64:
+        tstates.append(t)
+        t = mem.u64(t + g("thread_state.next"))
+    mask = ~const.get("executable_tag_mask", 0) & (2**64 - 1)
+    owner_names = {v: k[len("frame_owned_by_"):] for k, v in const.items() if k.startswith("frame_owned_by_")}
+
+    def pystr(addr):
+        st = mem.u32(addr + g("unicode_object.state"))
+        n = mem.i64(addr + g("unicode_object.length"))
+        kind = (st & const["unicode_state_kind_mask"]) >> 2
+        compact = st & const["unicode_state_compact_mask"]
+        ascii_ = st & const["unicode_state_ascii_mask"]
+        if not compact:
+            return "<non-compact str>"
+        data = addr + (g("unicode_object.asciiobject_size") if ascii_ else g("unicode_object.compact_size"))
+        raw = mem.read(data, n * kind)
+        return raw.decode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind])
+
+    def type_name(obj):
+        return mem.cstr(mem.u64(mem.u64(obj + g("pyobject.ob_type")) + g("type_object.tp_name")))
+
+    names_seen = []
+    for t in tstates:
+        back = mem.u64(t + g("thread_state.interp"))
+        tid = mem.u64(t + g("thread_state.thread_id"))
+        line = f"tstate {t:#x} thread_id {tid:#x}"
+        if back != interp:
+            problems.append(f"tstate {t:#x}: interp {back:#x} != {interp:#x}")
+        if "thread_state.native_thread_id" in f:
+            ntid = mem.u64(t + g("thread_state.native_thread_id"))
+            line += f" native {ntid}"
+            if ntid not in tasks:
+                problems.append(f"native_thread_id {ntid} not a task of {pid}")
+        print(line)
+        frame = mem.u64(t + g("thread_state.current_frame"))
+        if "cframe.current_frame" in f:
+            frame = mem.u64(frame + g("cframe.current_frame")) if frame else 0
+        chunk = mem.u64(t + g("thread_state.datastack_chunk")) if "thread_state.datastack_chunk" in f else 0
+        depth = 0
+        while frame and depth < 100:
+            depth += 1
+            if "frame_object.code" in f:
+                code = mem.u64(frame + g("frame_object.code"))
+                nxt = mem.u64(frame + g("frame_object.back"))
+                lasti = mem.i32(frame + g("frame_object.lasti"))
+                extra = f"lasti {lasti} lineno {mem.i32(frame + g('frame_object.lineno'))}"
+                owner = None
+            else:
+                nxt = mem.u64(frame + g("interpreter_frame.previous"))
+                owner = mem.u8(frame + g("interpreter_frame.owner"))
+                extra = f"owner {owner}={owner_names.get(owner, '?')}"
+                if "interpreter_frame.is_entry" in f:
+                    extra += f" is_entry {mem.u8(frame + g('interpreter_frame.is_entry'))}"
+                raw = mem.u64(frame + g("interpreter_frame.executable"))
+                code = raw & mask
+                if raw != code:
+                    extra += f" (f_executable tag {raw & ~mask & 0xff:#x})"
+                if owner_names.get(owner) in ("cstack", "interpreter"):
+                    print(f"  frame {frame:#x} {extra}: not Python code, executable {type_name(code) if code > 4096 else code}")
+                    frame = nxt
+                    continue
+            tn = type_name(code)
+            if tn != "code":
+                problems.append(f"frame {frame:#x}: executable is a {tn}")
+                break
+            name = pystr(mem.u64(code + g("code_object.name")))
+            fn = pystr(mem.u64(code + g("code_object.filename")))
+            first = mem.i32(code + g("code_object.firstlineno"))
+            if "code_object.qualname" in f:
+                name = pystr(mem.u64(code + g("code_object.qualname")))
+            if "code_object.co_code_adaptive" in f:
+                ip = mem.u64(frame + g("interpreter_frame.instr_ptr"))
+                start = code + g("code_object.co_code_adaptive")
+                n = mem.i64(code + g("bytes_object.ob_size"))  # PyVarObject ob_size: code units
+                ok = start - 2 <= ip < start + 2 * n  # 3.11/3.12 prev_instr may be start - 2
+                extra += f" instr {(ip - start) // 2}/{n}"
+                if not ok:
+                    problems.append(f"{name}: instr_ptr {ip:#x} outside co_code_adaptive")
+                if "code_object.firsttraceable" in f:
+                    ft = mem.i32(code + g("code_object.firsttraceable"))
+                    extra += f" firsttraceable {ft}"
+                    if not 0 <= ft < n:
+                        problems.append(f"{name}: _co_firsttraceable {ft} outside 0..{n}")
+                if owner_names.get(owner) == "thread" and chunk:
+                    size = mem.u64(chunk + 8)
+                    if not chunk <= frame < chunk + size:
+                        # the innermost chunk holds the newest frames only
+                        extra += " (not in newest datastack chunk)"
+            elif "code_object.code" in f:
+                co = mem.u64(code + g("code_object.code"))
+                n = mem.i64(co + g("bytes_object.ob_size"))
+                unit = 2 if doc["layout"]["lasti"] == "code_units" else 1
+                extra += f" co_code {n} bytes"
+                if not -1 <= lasti * unit < n:
+                    problems.append(f"{name}: lasti {lasti} outside co_code")
+            names_seen.append(name)
+            print(f"  {name} ({fn}:{first}) {extra}")
+            frame = nxt
+
+    # GIL: ≤3.11 in _PyRuntime, 3.12+ in the interpreter.
+    if "runtime_state.gil_locked" in f:
+        base, lk, hd = runtime, g("runtime_state.gil_locked"), g("runtime_state.gil_holder")
+    elif "interpreter_state.gil_runtime_state_locked" in f:
+        base, lk, hd = interp, g("interpreter_state.gil_runtime_state_locked"), g("interpreter_state.gil_runtime_state_holder")
+        gp = mem.u64(interp + g("interpreter_state.ceval_gil"))
+        own = interp + g("interpreter_state.gil_runtime_state")
+        print(f"ceval.gil {gp:#x}, &_gil {own:#x}")
+        if gp != own:
+            problems.append("interp->ceval.gil does not point at interp->_gil")
+    else:
+        base = None
+    if base is not None:
+        for _ in range(20):
+            locked, holder = mem.u32(base + lk), mem.u64(base + hd)
+            if locked:
+                break
+        print(f"gil locked {locked} last_holder {holder:#x}")
+        if locked not in (0, 1) or (holder and holder not in tstates):
+            problems.append(f"GIL fields look wrong: locked {locked}, holder {holder:#x}")
+
+    for n in ("schläft", "spin"):
+        if n not in names_seen:
+            print(f"note: function {n!r} not seen (target script differs?)")
+    if problems:
+        print("PROBLEMS:\n  " + "\n  ".join(problems))
+        sys.exit(1)
+    print("OK")
+
+
+if __name__ == "__main__":
+    main()
