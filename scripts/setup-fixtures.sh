@@ -32,9 +32,10 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-# 1. pyenv interpreters (part of the machine image).
+# 1. pyenv interpreters (part of the machine image; 2.7 and 3.7 prove the
+#    "unsupported version" error).
 PYENV_ROOT="${PYENV_ROOT:-$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")}"
-for v in 3.8 3.9 3.10 3.11 3.12 3.13; do
+for v in 2.7 3.7 3.8 3.9 3.10 3.11 3.12 3.13; do
   if ! ls -d "$PYENV_ROOT"/versions/"$v".*/bin/python"$v" >/dev/null 2>&1; then
     log "pyenv CPython $v is missing under $PYENV_ROOT/versions (pyenv install $v)"
     exit 1
@@ -42,7 +43,7 @@ for v in 3.8 3.9 3.10 3.11 3.12 3.13; do
 done
 
 # 2. Debian's static python3.11, and tools the tests use.
-apt_install python3.11 debootstrap
+apt_install python3.11 debootstrap chromium golang-go
 
 # 3. Debian sid chroot with 3.13-3.15. Built aside and renamed, so an
 #    interrupted run never leaves a half chroot that looks complete.
@@ -69,5 +70,23 @@ if [ ! -x "$TOOLS/bin/py-spy" ] || [ ! -x "$TOOLS/bin/austin" ]; then
   "$base_py" -m venv "$TOOLS"
   "$TOOLS/bin/pip" install -q py-spy==0.4.3 austin-dist==4.0.0
 fi
+
+# 5. speedscope's file-format schema and ajv-cli to validate pyprof's
+#    speedscope output against it; pinned, in $CACHE/npm.
+NPM_DIR="$CACHE/npm"
+npm_pins=(speedscope@1.25.0 ajv@8.20.0 ajv-cli@5.0.0)
+npm_missing=()
+for pin in "${npm_pins[@]}"; do
+  name="${pin%@*}" version="${pin##*@}"
+  have="$(node -p "require(process.argv[1]).version" "$NPM_DIR/node_modules/$name/package.json" 2>/dev/null || true)"
+  [ "$have" = "$version" ] || npm_missing+=("$pin")
+done
+if [ ${#npm_missing[@]} -gt 0 ]; then
+  command -v npm >/dev/null || { log "npm is missing (Debian package nodejs)"; exit 1; }
+  log "npm install ${npm_missing[*]} into $NPM_DIR"
+  npm install --prefix "$NPM_DIR" --save-exact --no-audit --no-fund --loglevel=error "${npm_pins[@]}" >/dev/null
+fi
+[ -f "$NPM_DIR/node_modules/speedscope/dist/release/file-format-schema.json" ] && [ -x "$NPM_DIR/node_modules/.bin/ajv" ] || {
+  log "speedscope schema or ajv-cli missing under $NPM_DIR"; exit 1; }
 
 log "ready: pyenv 3.8-3.13, /usr/bin/python3.11, $SID (3.13-3.15), $TOOLS/bin/{py-spy,austin}"

@@ -71,6 +71,7 @@ pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Attached> {
             Err(e @ (Error::UnsupportedVersion { .. } | Error::ProcessGone(_) | Error::PermissionDenied { .. })) => {
                 return Err(e);
             }
+            Err(Error::NotPython { why: w, .. }) => why.push(format!("{module}: {w}")),
             Err(e) => why.push(format!("{module}: {e}")),
         }
     }
@@ -146,7 +147,7 @@ fn attach_module(
         found = if file.debug_fields.is_some() {
             runtime::cookie_candidates(b)
                 .into_iter()
-                .find(|&rt| build(rt).is_ok_and(|o| runtime::verify_cycle(mem, maps, &o, rt)))
+                .find(|&rt| build(rt).is_ok_and(|o| runtime::verify_runtime(mem, maps, &o, rt)))
         } else {
             let o = build(0)?;
             runtime::scan(mem, maps, &o, b)

@@ -1,10 +1,21 @@
 //! The command line (clap). Only this file knows about clap; it converts
 //! arguments into the plain option structs the library takes.
 
+use std::path::PathBuf;
+use std::time::Duration;
+
 use clap::{Args, Parser, Subcommand};
 
 use crate::attach::AttachOptions;
 use crate::binary::runtime::Method;
+use crate::output::Format;
+use crate::profile::aggregate::AggregateOptions;
+use crate::record::{RecordConfig, RecordTarget, default_output};
+use crate::sampler::{Mode, SamplingConfig};
+
+/// Highest sampling rate accepted. Above it the per-sample cost (a few µs)
+/// leaves no room for the schedule to hold.
+pub const MAX_RATE_HZ: f64 = 100_000.0;
 
 #[derive(Parser, Debug)]
 #[command(name = "pyprof", version, about = "Sampling profiler for CPython 3.8-3.15 that never stops the target")]
@@ -17,6 +28,8 @@ pub struct Cli {
 pub enum Command {
     /// Print the Python stack of every thread of a running process, once.
     Dump(DumpArgs),
+    /// Sample a running process (--pid) or a command (-- CMD ...) into a profile.
+    Record(RecordArgs),
 }
 
 #[derive(Args, Debug)]
@@ -25,14 +38,162 @@ pub struct TargetArgs {
     #[arg(short, long)]
     pub pid: i32,
 
+    #[command(flatten)]
+    pub attach: AttachArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct AttachArgs {
     /// Force one way of locating _PyRuntime: section, symbol or scan (for tests and debugging).
     #[arg(long, hide = true, env = "PYPROF_RUNTIME_METHOD")]
     pub runtime_method: Option<Method>,
 }
 
-impl TargetArgs {
-    pub fn attach_options(&self) -> AttachOptions {
+impl AttachArgs {
+    pub fn options(&self) -> AttachOptions {
         AttachOptions { runtime_method: self.runtime_method }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    /// Process id to attach to (or give a command after --).
+    #[arg(short, long, conflicts_with = "command")]
+    pub pid: Option<i32>,
+
+    /// Samples per second per thread: 100, 10k, 10khz ... up to 100k.
+    #[arg(short, long, default_value = "100", value_parser = parse_rate)]
+    pub rate: f64,
+
+    /// Stop after this many seconds (default: when the target exits or on Ctrl-C).
+    #[arg(short, long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Output file (default pyprof-<pid or script>.<format extension>).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+
+    /// Output format (default: from the -o extension, else flamegraph).
+    #[arg(short, long, value_enum)]
+    pub format: Option<Format>,
+
+    /// wall: every thread; cpu: threads on a CPU; gil: the GIL holder.
+    #[arg(long, value_enum, default_value = "wall")]
+    pub mode: Mode,
+
+    /// A root node per thread, named with its name and id.
+    #[arg(long)]
+    pub threads: bool,
+
+    /// Aggregate by function, not by line.
+    #[arg(long)]
+    pub function: bool,
+
+    /// Also profile child processes started after attach (one root node per process).
+    #[arg(long)]
+    pub subprocesses: bool,
+
+    /// Count threads that have no Python frame at that moment.
+    #[arg(long)]
+    pub include_idle_threads: bool,
+
+    /// No progress line and no summary.
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    #[command(flatten)]
+    pub attach: AttachArgs,
+
+    /// Command to launch and profile from its start; its exit code becomes pyprof's.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+impl RecordArgs {
+    pub fn into_config(self) -> anyhow::Result<RecordConfig> {
+        let target = match (self.pid, self.command.is_empty()) {
+            (Some(pid), true) => RecordTarget::Pid(pid),
+            (None, false) => RecordTarget::Launch(self.command),
+            (None, true) => anyhow::bail!("give --pid PID or a command after --, e.g. pyprof record -- python app.py"),
+            (Some(_), false) => anyhow::bail!("give either --pid or a command, not both"),
+        };
+        let format = match (self.format, &self.output) {
+            (Some(f), _) => f,
+            (None, Some(path)) => Format::from_path(path).unwrap_or(Format::Flamegraph),
+            (None, None) => Format::Flamegraph,
+        };
+        let output = self.output.unwrap_or_else(|| default_output(&target, format));
+        Ok(RecordConfig {
+            target,
+            sampling: SamplingConfig {
+                rate_hz: self.rate,
+                duration: self.duration,
+                mode: self.mode,
+                include_empty: self.include_idle_threads,
+            },
+            aggregate: AggregateOptions { by_function: self.function, thread_roots: self.threads, process_roots: self.subprocesses },
+            output,
+            format,
+            subprocesses: self.subprocesses,
+            quiet: self.quiet,
+            attach: self.attach.options(),
+        })
+    }
+}
+
+/// "100", "10k", "10khz", "2.5kHz", "100hz".
+pub fn parse_rate(s: &str) -> Result<f64, String> {
+    let lower = s.trim().to_ascii_lowercase();
+    let body = lower.strip_suffix("hz").unwrap_or(&lower);
+    let (num, mult) = match body.strip_suffix('k') {
+        Some(n) => (n, 1000.0),
+        None => (body, 1.0),
+    };
+    let hz = num.trim().parse::<f64>().map_err(|_| format!("{s:?} is not a rate (try 100, 10k or 10khz)"))? * mult;
+    if !(hz.is_finite() && hz > 0.0) {
+        return Err(format!("rate must be above 0 Hz, got {s:?}"));
+    }
+    if hz > MAX_RATE_HZ {
+        return Err(format!("rate {hz} Hz is above the supported maximum of {MAX_RATE_HZ} Hz"));
+    }
+    Ok(hz)
+}
+
+/// Seconds, optionally with a unit: "10", "2.5s", "500ms", "3m".
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (t.as_str(), 1.0)
+    };
+    let secs = num.trim().parse::<f64>().map_err(|_| format!("{s:?} is not a duration in seconds"))? * scale;
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(format!("duration must be above 0, got {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_and_durations() {
+        assert_eq!(parse_rate("100").unwrap(), 100.0);
+        assert_eq!(parse_rate("10k").unwrap(), 10_000.0);
+        assert_eq!(parse_rate("10kHz").unwrap(), 10_000.0);
+        assert_eq!(parse_rate("250hz").unwrap(), 250.0);
+        assert!(parse_rate("0").is_err());
+        assert!(parse_rate("200k").unwrap_err().contains("maximum"));
+        assert!(parse_rate("fast").is_err());
+        assert_eq!(parse_duration("2.5").unwrap(), Duration::from_millis(2500));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert!(parse_duration("0").is_err());
     }
 }
 

@@ -5,7 +5,7 @@ use std::io::Write;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::session::{Session, ThreadStack};
+use crate::session::{Session, SnapshotNeeds, ThreadStack};
 
 #[derive(Debug, Clone, Default)]
 pub struct DumpOptions {
@@ -20,16 +20,22 @@ struct DumpJson<'a> {
     threads: &'a [ThreadStack],
 }
 
-/// How often to retry a snapshot torn by the running target.
-const ATTEMPTS: usize = 20;
+/// How often to retry a snapshot torn by the running target. A thread being
+/// torn down can stay half-unlinked while it waits for the GIL (one switch
+/// interval, 5 ms), so retries are spaced out.
+const ATTEMPTS: usize = 50;
+const BACKOFF: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// A snapshot, retried while the target changes under us.
 pub fn snapshot_with_retry(session: &mut Session) -> Result<Vec<ThreadStack>> {
     let mut last = None;
     for _ in 0..ATTEMPTS {
-        match session.snapshot() {
+        match session.snapshot(SnapshotNeeds::ALL) {
             Ok(s) => return Ok(s),
-            Err(e) if e.is_transient() => last = Some(e),
+            Err(e) if e.is_transient() => {
+                last = Some(e);
+                std::thread::sleep(BACKOFF);
+            }
             Err(e) => return Err(e),
         }
     }

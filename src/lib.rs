@@ -17,7 +17,11 @@ pub mod cli;
 pub mod dump;
 pub mod error;
 pub mod offsets;
+pub mod output;
 pub mod process;
+pub mod record;
+pub mod sampler;
+pub mod profile;
 pub mod python;
 pub mod session;
 
@@ -27,17 +31,19 @@ use anyhow::Context;
 
 use cli::{Cli, Command};
 
-pub fn run(cli: Cli) -> anyhow::Result<()> {
+/// Runs one command; returns the process exit code.
+pub fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Dump(args) => {
             let pid = args.target.pid;
-            let mut session = session::Session::attach(pid, &args.target.attach_options())?;
+            let mut session = session::Session::attach(pid, &args.target.attach.options())?;
             let opts = dump::DumpOptions { json: args.json, verbose: args.verbose };
             let stdout = std::io::stdout();
             let mut out = stdout.lock();
             dump::run(&mut session, &opts, &mut out).with_context(|| format!("dumping pid {pid}"))?;
             out.flush()?;
-            Ok(())
+            Ok(0)
         }
+        Command::Record(args) => record::run(&args.into_config()?),
     }
 }

@@ -39,8 +39,22 @@ fn ser_frames<S: serde::Serializer>(frames: &[Frame], s: S) -> Result<S::Ok, S::
     seq.end()
 }
 
+/// Which per-thread facts a snapshot should fetch; each costs reads.
+#[derive(Debug, Clone, Copy)]
+pub struct SnapshotNeeds {
+    pub gil: bool,
+    pub on_cpu: bool,
+    pub names: bool,
+}
+
+impl SnapshotNeeds {
+    pub const ALL: SnapshotNeeds = SnapshotNeeds { gil: true, on_cpu: true, names: true };
+}
+
 pub struct Session {
     pub attached: Attached,
+    /// Kernel thread names, read once per tid.
+    names: std::collections::HashMap<u64, Option<String>>,
     codes: CodeCache,
     walker: FrameWalker,
     states: Vec<ThreadState>,
@@ -52,6 +66,7 @@ impl Session {
     pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Session> {
         Ok(Session {
             attached: attach(pid, opts)?,
+            names: Default::default(),
             codes: CodeCache::default(),
             walker: FrameWalker::default(),
             states: Vec::new(),
@@ -63,8 +78,12 @@ impl Session {
         self.attached.target.pid
     }
 
+    pub fn code_cache_stats(&self) -> crate::python::code::CodeCacheStats {
+        self.codes.stats
+    }
+
     /// Every thread's stack, innermost frame first.
-    pub fn snapshot(&mut self) -> Result<Vec<ThreadStack>> {
+    pub fn snapshot(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
         let a = &self.attached;
         let o = &a.offsets;
         thread_states(&a.mem, o, a.runtime, &mut self.states)?;
@@ -78,6 +97,7 @@ impl Session {
         for ts in &self.states {
             let holder = match holder_by_interp.iter().find(|(i, _)| *i == ts.interp) {
                 Some(&(_, h)) => h,
+                None if !needs.gil => None,
                 None => {
                     let h = gil_holder(&a.mem, o, a.runtime, ts.interp)?;
                     holder_by_interp.push((ts.interp, h));
@@ -91,12 +111,16 @@ impl Session {
             let mut frames = Vec::new();
             self.walker.walk(&a.mem, o, &mut self.codes, ts.frame, &mut frames)?;
             let tid = native_id.map(|t| t as i32);
+            let name = match (needs.names, native_id) {
+                (true, Some(n)) => self.names.entry(n).or_insert_with(|| task_comm(pid, n as i32)).clone(),
+                _ => None,
+            };
             out.push(ThreadStack {
                 native_id,
                 python_id: ts.thread_id,
-                name: tid.and_then(|t| task_comm(pid, t)),
+                name,
                 holds_gil: holder == Some(ts.addr),
-                on_cpu: tid.and_then(|t| task_state(pid, t)) == Some('R'),
+                on_cpu: needs.on_cpu && tid.and_then(|t| task_state(pid, t)) == Some('R'),
                 frames,
             });
         }

@@ -88,6 +88,26 @@ pub fn verify_cycle(mem: &dyn RemoteMemory, maps: &[Mapping], o: &Offsets, runti
     mem.read_u64(tstate + o.thread.interp).is_ok_and(|back| back == interp)
 }
 
+/// The scan's stricter test: besides the cycle, the head thread state has no
+/// `prev`, and the whole interpreter and thread lists walk cleanly. Other
+/// globals that merely point at the main interpreter (CPython keeps several)
+/// fail this.
+pub fn verify_runtime(mem: &dyn RemoteMemory, maps: &[Mapping], o: &Offsets, runtime: u64) -> bool {
+    if !verify_cycle(mem, maps, o, runtime) {
+        return false;
+    }
+    let head_prev = mem
+        .read_u64(runtime + o.runtime.interpreters_head)
+        .and_then(|interp| mem.read_u64(interp + o.interp.threads_head))
+        .and_then(|ts| mem.read_u64(ts + o.thread.prev));
+    if !matches!(head_prev, Ok(0)) {
+        return false;
+    }
+    let mut states = Vec::new();
+    crate::python::threads::thread_states(mem, o, runtime, &mut states).is_ok()
+        && states.iter().all(|t| t.frame == 0 || plausible_data_ptr(maps, t.frame))
+}
+
 /// Scan the data blocks for a `_PyRuntime` whose interpreter/thread cycle holds.
 pub fn scan(mem: &dyn RemoteMemory, maps: &[Mapping], o: &Offsets, blocks: &[(u64, Vec<u8>)]) -> Option<u64> {
     let head = o.runtime.interpreters_head as usize;
@@ -95,7 +115,7 @@ pub fn scan(mem: &dyn RemoteMemory, maps: &[Mapping], o: &Offsets, blocks: &[(u6
         let mut i = 0;
         while i + head + 8 <= data.len() {
             let interp = u64::from_le_bytes(data[i + head..i + head + 8].try_into().unwrap());
-            if plausible_data_ptr(maps, interp) && verify_cycle(mem, maps, o, base + i as u64) {
+            if plausible_data_ptr(maps, interp) && verify_runtime(mem, maps, o, base + i as u64) {
                 return Some(base + i as u64);
             }
             i += 8;

@@ -69,7 +69,7 @@ impl PythonVersion {
             }
             let tail = &data[i..data.len().min(i + 256)];
             let text_len = tail.iter().position(|&b| b == 0).unwrap_or(tail.len());
-            let text = std::str::from_utf8(&tail[..text_len]).ok()?;
+            let Ok(text) = std::str::from_utf8(&tail[..text_len]) else { continue };
             // The build info in parentheses is what makes it the sys.version text.
             if !text.contains(" (") || !text.contains(')') {
                 continue;

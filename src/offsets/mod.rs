@@ -66,6 +66,7 @@ pub struct InterpOffsets {
 #[derive(Debug, Clone)]
 pub struct ThreadOffsets {
     pub size: u64,
+    pub prev: u64,
     pub next: u64,
     pub interp: u64,
     /// Pointer to the innermost frame, or (3.11–3.12) to the `_PyCFrame` holding it.
@@ -115,10 +116,10 @@ pub struct ObjectOffsets {
 
 #[derive(Debug, Clone, Default)]
 pub struct Constants {
-    /// Frames owned by the C stack (shim/entry frames, 3.12+) are not Python code.
-    pub frame_owned_by_cstack: Option<u8>,
-    /// 3.14+: interpreter-owned base frames.
-    pub frame_owned_by_interpreter: Option<u8>,
+    /// Owners from this value up are not Python code: C-stack shim frames
+    /// (3.12+) and interpreter-owned base frames (3.14+). CPython's own test
+    /// is the same `owner >= FRAME_OWNED_BY_INTERPRETER` (or `CSTACK`).
+    pub first_non_python_owner: Option<u8>,
     /// Low tag bits of `f_executable` (a `_PyStackRef` from 3.14).
     pub executable_tag_mask: u64,
 }
@@ -201,6 +202,7 @@ impl Offsets {
             },
             thread: ThreadOffsets {
                 size: f.get("thread_state.size")?,
+                prev: f.get("thread_state.prev")?,
                 next: f.get("thread_state.next")?,
                 interp: f.get("thread_state.interp")?,
                 current_frame: f.get("thread_state.current_frame")?,
@@ -257,7 +259,7 @@ impl Offsets {
             Ok(())
         };
         let t = &self.thread;
-        let mut tf = vec![("next", t.next, 8), ("interp", t.interp, 8), ("current_frame", t.current_frame, 8), ("thread_id", t.thread_id, 8)];
+        let mut tf = vec![("prev", t.prev, 8), ("next", t.next, 8), ("interp", t.interp, 8), ("current_frame", t.current_frame, 8), ("thread_id", t.thread_id, 8)];
         tf.extend(t.native_thread_id.map(|o| ("native_thread_id", o, 8)));
         tf.extend(t.datastack_chunk.map(|o| ("datastack_chunk", o, 8)));
         check("thread_state", t.size, &tf)?;

@@ -95,8 +95,7 @@ pub fn parse(minor: u32, text: &str) -> Result<VersionFile, String> {
     }
     let owner = |k: &str| consts.get(k).and_then(|&v| u8::try_from(v).ok());
     let constants = Constants {
-        frame_owned_by_cstack: owner("frame_owned_by_cstack"),
-        frame_owned_by_interpreter: owner("frame_owned_by_interpreter"),
+        first_non_python_owner: [owner("frame_owned_by_cstack"), owner("frame_owned_by_interpreter")].into_iter().flatten().min(),
         executable_tag_mask: consts.get("executable_tag_mask").copied().unwrap_or(0) as u64,
     };
     Ok(VersionFile { minor, provenance, layout, fields, constants, debug_fields })

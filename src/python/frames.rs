@@ -57,9 +57,7 @@ impl FrameWalker {
                     let owner = field_u8(buf, owner_off as usize);
                     // Shim frames pushed by C code to mark an entry into the
                     // eval loop: not Python code.
-                    if Some(owner) == o.constants.frame_owned_by_cstack
-                        || Some(owner) == o.constants.frame_owned_by_interpreter
-                    {
+                    if o.constants.first_non_python_owner.is_some_and(|first| owner >= first) {
                         frame = previous;
                         continue;
                     }

@@ -193,7 +193,11 @@ pub fn location_line(table: &[u8], firstlineno: i32, index: i32) -> Option<i32> 
         line += delta;
         end += i64::from(header & 7) + 1;
         if target < end {
-            return if code == LOC_NONE { None } else { to_line(line) };
+            return if code == LOC_NONE {
+                None
+            } else {
+                to_line(line)
+            };
         }
         pos += 1;
         while pos < table.len() && table[pos] & 0x80 == 0 {
@@ -216,11 +220,23 @@ mod tests {
     #[test]
     fn version_mapping() {
         assert_eq!(LineTableKind::for_version(3, 7), None);
-        assert_eq!(LineTableKind::for_version(3, 8), Some(LineTableKind::Lnotab));
-        assert_eq!(LineTableKind::for_version(3, 9), Some(LineTableKind::Lnotab));
-        assert_eq!(LineTableKind::for_version(3, 10), Some(LineTableKind::Linetable310));
+        assert_eq!(
+            LineTableKind::for_version(3, 8),
+            Some(LineTableKind::Lnotab)
+        );
+        assert_eq!(
+            LineTableKind::for_version(3, 9),
+            Some(LineTableKind::Lnotab)
+        );
+        assert_eq!(
+            LineTableKind::for_version(3, 10),
+            Some(LineTableKind::Linetable310)
+        );
         for minor in 11..=15 {
-            assert_eq!(LineTableKind::for_version(3, minor), Some(LineTableKind::Locations));
+            assert_eq!(
+                LineTableKind::for_version(3, minor),
+                Some(LineTableKind::Locations)
+            );
         }
         assert_eq!(LineTableKind::for_version(2, 7), None);
     }
@@ -242,8 +258,8 @@ mod tests {
 
     #[test]
     fn lnotab_doc_example() {
-        // Objects/lnotab_notes.txt (3.8): offsets 0,6,50,350,361 -> lines 1,2,7,207,208
-        // encoded as 0,1? The documented encoding is relative to firstlineno=1.
+        // Objects/lnotab_notes.txt (3.8): offsets 0,6,50,350,361 -> lines
+        // 1,2,7,207,208 with firstlineno 1 (300/200 split as 255,0 45,127 0,73).
         let tab = [6u8, 1, 44, 5, 255, 0, 45, 127, 0, 73, 11, 1];
         let f = |a| lnotab_line(&tab, 1, a).unwrap();
         assert_eq!(f(0), 1);
@@ -345,7 +361,10 @@ mod tests {
         let t: Vec<u8> = std::iter::repeat_n([255u8, 0x80], 1000).flatten().collect();
         assert_eq!(lnotab_line(&t, i32::MIN, i32::MAX), None);
         assert_eq!(linetable310_line(&t, i32::MIN, i32::MAX), None);
-        let t: Vec<u8> = std::iter::repeat_n([0u8, 0x7f], 1000).chain([[2, 0]]).flatten().collect();
+        let t: Vec<u8> = std::iter::repeat_n([0u8, 0x7f], 1000)
+            .chain([[2, 0]])
+            .flatten()
+            .collect();
         assert_eq!(linetable310_line(&t, i32::MAX, 0), None);
         assert_eq!(linetable310_line(&t, 0, 0), Some(127_000));
     }

@@ -32,9 +32,7 @@ pub struct Interpreter {
 }
 
 fn pyenv_root() -> PathBuf {
-    std::env::var_os("PYENV_ROOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".pyenv"))
+    std::env::var_os("PYENV_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".pyenv"))
 }
 
 /// The whole matrix, in a fixed order. Missing interpreters fail in CI.
@@ -105,19 +103,30 @@ impl Interpreter {
         }
     }
 
-    /// A Command that runs `python SCRIPT ARGS` for this interpreter.
-    pub fn command(&self, script: &str, args: &[&str]) -> Command {
+    /// The argv that runs `python SCRIPT ARGS` for this interpreter
+    /// (`chroot ROOT /usr/bin/python3.X ...` for chroot interpreters: chroot
+    /// execs, so the pid is the interpreter's).
+    pub fn argv(&self, script: &str, args: &[&str]) -> Vec<String> {
         self.stage_scripts();
         let script_path = self.scripts_path().join(script);
-        let mut cmd = match &self.chroot {
-            None => Command::new(&self.exe),
-            Some(root) => {
-                let mut c = Command::new("chroot");
-                c.arg(root).arg(Path::new("/").join(self.exe.strip_prefix(root).unwrap()));
-                c
-            }
+        let mut argv = match &self.chroot {
+            None => vec![self.exe.to_string_lossy().into_owned()],
+            Some(root) => vec![
+                "chroot".to_string(),
+                root.to_string_lossy().into_owned(),
+                Path::new("/").join(self.exe.strip_prefix(root).unwrap()).to_string_lossy().into_owned(),
+            ],
         };
-        cmd.arg(script_path).args(args);
+        argv.push(script_path.to_string_lossy().into_owned());
+        argv.extend(args.iter().map(|a| a.to_string()));
+        argv
+    }
+
+    /// A Command that runs `python SCRIPT ARGS` for this interpreter.
+    pub fn command(&self, script: &str, args: &[&str]) -> Command {
+        let argv = self.argv(script, args);
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]);
         cmd
     }
 
@@ -144,9 +153,7 @@ impl Interpreter {
                 sink.clear();
             }
         });
-        let first_line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("{}: {script} did not report ready", self.label));
+        let first_line = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("{}: {script} did not report ready", self.label));
         TargetProcess { child, first_line }
     }
 }
@@ -196,13 +203,19 @@ pub fn for_each_interpreter(f: impl Fn(&Interpreter) + std::panic::RefUnwindSafe
     let mut failures = Vec::new();
     for interp in interpreters() {
         if let Err(e) = std::panic::catch_unwind(|| f(&interp)) {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let msg = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
             failures.push(format!("[{}] {msg}", interp.label));
         }
     }
     assert!(failures.is_empty(), "{} interpreter(s) failed:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// A fresh directory for one test's output files.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!("pyprof-test-{}-{tag}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }

@@ -61,9 +61,9 @@ def elf_info(path):
     dynsym, dynstr = by_name.get(".dynsym"), by_name.get(".dynstr")
     if dynsym and dynstr:
         for off in range(dynsym[4], dynsym[4] + dynsym[5], 24):
-            st_name, _, _, _, st_value, _ = struct.unpack_from("<IBBHQQ", data, off)
+            st_name, _, _, _, st_value, st_size = struct.unpack_from("<IBBHQQ", data, off)
             if st_value and name(st_name, dynstr) == "_PyRuntime":
-                out["dynsym"] = st_value
+                out["dynsym"], out["dynsym_size"] = st_value, st_size
     return out
 
 
@@ -92,7 +92,7 @@ def find_runtime(pid):
         if sec is not None and dyn is not None and sec != dyn:
             sys.exit(f"{path}: .PyRuntime {sec:#x} != _PyRuntime {dyn:#x}")
         how = ".PyRuntime section" if sec is not None else "_PyRuntime dynsym"
-        return bias + (sec if sec is not None else dyn), f"{path} ({how}, bias {bias:#x})"
+        return bias + (sec if sec is not None else dyn), f"{path} ({how}, bias {bias:#x})", info.get("dynsym_size")
     sys.exit("no _PyRuntime found in any mapped python/libpython")
 
 
@@ -121,7 +121,7 @@ def main():
     text = open(path).read()
     doc = tomllib.loads(text)
     mem = Mem(pid)
-    runtime, where = find_runtime(pid)
+    runtime, where, symsize = find_runtime(pid)
     print(f"_PyRuntime at {runtime:#x} in {where}")
     problems = []
 
@@ -167,6 +167,11 @@ def main():
         # walk below starting at the right place.
 
     g = lambda k: f[k]
+    # The linker knows sizeof(_PyRuntimeState): st_size of the _PyRuntime symbol.
+    if symsize is not None:
+        print(f"_PyRuntime symbol size {symsize}, runtime_state.size {f['runtime_state.size']}")
+        if symsize != f["runtime_state.size"]:
+            problems.append("st_size of _PyRuntime != runtime_state.size")
     # ---- walk ----
     interp = mem.u64(runtime + g("runtime_state.interpreters_head"))
     print(f"interp {interp:#x} id {mem.i64(interp + g('interpreter_state.id'))}")

@@ -39,7 +39,7 @@ case $arg in
 3.[0-9]*)
     minor=$arg
     # newest installed patch release of that minor
-    prefix=$(ls -d "$PYENV_ROOT"/versions/"$minor".[0-9]* 2>/dev/null | sort -t. -k3,3n | tail -n 1 || true)
+    prefix=$(ls -d "$PYENV_ROOT"/versions/"$minor".[0-9]* 2>/dev/null | sort -V | tail -n 1 || true)
     if [ -n "$prefix" ] && [ -d "$prefix/include/python$minor/internal" ]; then
         inc=$prefix/include/python$minor
         [ -z "$lib" ] && [ -f "$prefix/lib/libpython$minor.so.1.0" ] && lib=$prefix/lib/libpython$minor.so.1.0
@@ -108,9 +108,23 @@ if [ -n "$dbg_hdr" ]; then
     fi
 fi
 
+# Layout-changing switches that are not in pyconfig.h but in the build's CFLAGS,
+# e.g. Debian 3.14/3.15 build with --enable-experimental-jit=yes-off, i.e.
+# -D_Py_TIER2=3 -D_Py_JIT, which adds a field to _PyThreadStateImpl and so
+# grows PyInterpreterState and _PyRuntimeState.  The Makefile of the build
+# ships next to the headers (pyenv, and Debian's libpython3.X-dev).
+mk=$(ls "$inc"/../../lib/python"$minor"/config-"$minor"*/Makefile 2>/dev/null | head -n 1 || true)
+pydefs=""
+if [ -n "$mk" ]; then
+    pydefs=$(grep -E '^(CONFIGURE_CPPFLAGS|CONFIGURE_CFLAGS|CONFIGURE_CFLAGS_NODIST|BASECFLAGS|OPT)[ \t]*=' "$mk" |
+             grep -oE -- '-D_?Py_[A-Za-z0-9_]+(=[A-Za-z0-9_]+)?' | sort -u | tr '\n' ' ' | sed 's/ $//')
+else
+    echo "gen.sh: warning: no config-$minor*/Makefile next to $inc; build CFLAGS unknown" >&2
+fi
+
 # -I$inc/..: Debian's pyconfig.h includes <x86_64-linux-gnu/python3.X/pyconfig.h>.
 # gnu11: offsets.c uses _Generic and a statement expression.
-gcc -std=gnu11 -O0 -w -DPy_BUILD_CORE -I"$inc" -I"$inc/.." -I"$tmp" \
+gcc -std=gnu11 -O0 -w -DPy_BUILD_CORE $pydefs -I"$inc" -I"$inc/.." -I"$tmp" \
     "$here/offsets.c" -o "$tmp/offsets" || die "compile failed against $inc"
 "$tmp/offsets" > "$tmp/body" || die "offsets.c self-check failed"
 
@@ -149,22 +163,22 @@ fi
 # (tools/gen-offsets/check-live.py against running interpreters).  Update these
 # when another build is verified.
 case $minor in
-3.8)  applies="3.8.x (layout verified for 3.8.18)"
-      live="" ;;
-3.9)  applies="3.9.x (layout verified for 3.9.18)"
-      live="" ;;
-3.10) applies="3.10.x (layout verified for 3.10.13)"
-      live="" ;;
-3.11) applies="3.11.x (layout verified for 3.11.7 and Debian 12 /usr/bin/python3.11 3.11.2)"
-      live="live: Debian 3.11.2 (static libpython, stripped) walked with these offsets via the _PyRuntime dynsym" ;;
-3.12) applies="3.12.x (layout verified for 3.12.1)"
-      live="" ;;
-3.13) applies="3.13.x: _Py_DebugOffsets field order identical in 3.13.0 (pyenv) and 3.13.18 (Debian headers)"
-      live="live: _Py_DebugOffsets read from running pyenv 3.13.0 and Debian 3.13.18 python3.13 match these fields and values" ;;
-3.14) applies="3.14.x (verified for Debian 3.14.10)"
-      live="live: _Py_DebugOffsets read from running Debian 3.14.10 python3.14 matches these fields and values" ;;
-3.15) applies="3.15.x (verified for Debian 3.15.2; _Py_DebugOffsets may still change before 3.15.0 final)"
-      live="live: _Py_DebugOffsets read from running Debian 3.15.2 python3.15 matches these fields and values" ;;
+3.8 ) applies="3.8.x; verified on 3.8.18 only (other patch releases not checked)"
+      live="live: running pyenv 3.8.18, walked threads, frames, co_qualname, GIL holder with check-live.py" ;;
+3.9 ) applies="3.9.x; verified on 3.9.18 only (other patch releases not checked)"
+      live="live: running pyenv 3.9.18, walked threads, frames, co_qualname, GIL holder with check-live.py" ;;
+3.10) applies="3.10.x; verified on 3.10.13 only (other patch releases not checked)"
+      live="live: running pyenv 3.10.13, walked threads, frames, co_qualname, GIL holder with check-live.py" ;;
+3.11) applies="3.11.x; verified on 3.11.7 (pyenv) and 3.11.2 (Debian 12 /usr/bin/python3.11)"
+      live="live: running pyenv 3.11.7 and Debian 3.11.2 (non-PIE, stripped, libpython linked in; found via the _PyRuntime dynsym, whose st_size 166688 = runtime_state.size), walked threads, frames, co_qualname, GIL holder with check-live.py" ;;
+3.12) applies="3.12.x; verified on 3.12.1 only (other patch releases not checked)"
+      live="live: running pyenv 3.12.1, walked threads, frames, co_qualname, GIL holder with check-live.py" ;;
+3.13) applies="3.13.x; word order and values of _Py_DebugOffsets identical in 3.13.0 (pyenv) and 3.13.18 (Debian) except the sizes of runtime_state, interpreter_state and thread_state (3.13.x appended PyThreadState.datastack_cached_chunk)"
+      live="live: running pyenv 3.13.0 (72/72 debug words equal these headers) and Debian 3.13.18 python3.13 (69/72, the 3 sizes), walked threads, frames, co_qualname, GIL holder with check-live.py" ;;
+3.14) applies="3.14.x; verified on Debian 3.14.10"
+      live="live: running Debian 3.14.10 python3.14 (94/94 debug words equal these headers), walked threads, frames, co_qualname, GIL holder with check-live.py" ;;
+3.15) applies="3.15.x; verified on Debian 3.15.2"
+      live="live: running Debian 3.15.2 python3.15 (110/110 debug words equal these headers, given the JIT -D flags), walked threads, frames, co_qualname, GIL holder with check-live.py" ;;
 *)    applies="$minor.x (unverified)"; live="" ;;
 esac
 
@@ -174,7 +188,7 @@ cat <<EOF
 
 [provenance]
 python = "$pyver"
-source = "offsetof/sizeof compiled from the $label, gcc -DPy_BUILD_CORE, x86-64"
+source = "offsetof/sizeof compiled from the $label, gcc -DPy_BUILD_CORE${pydefs:+ $pydefs}, x86-64"
 applies_to = "$applies"
 regenerate = "$regen > offsets/cpython-$minor.toml"
 EOF

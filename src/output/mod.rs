@@ -1,0 +1,93 @@
+//! Output formats. One file per format; each implements [`Writer`] over the
+//! [`crate::profile::model::Profile`] and nothing else.
+
+pub mod collapsed;
+pub mod flamegraph;
+pub mod json;
+pub mod pprof;
+pub mod speedscope;
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::profile::model::Profile;
+
+pub trait Writer {
+    fn write(&self, profile: &Profile, out: &mut dyn Write) -> anyhow::Result<()>;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Flamegraph,
+    Collapsed,
+    Speedscope,
+    Pprof,
+    Json,
+}
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Flamegraph => "flamegraph",
+            Format::Collapsed => "collapsed",
+            Format::Speedscope => "speedscope",
+            Format::Pprof => "pprof",
+            Format::Json => "json",
+        }
+    }
+
+    pub fn extension(self) -> &'static str {
+        match self {
+            Format::Flamegraph => "svg",
+            Format::Collapsed => "txt",
+            Format::Speedscope => "speedscope.json",
+            Format::Pprof => "pb.gz",
+            Format::Json => "json",
+        }
+    }
+
+    /// The format an output path implies, where its extension is unambiguous.
+    pub fn from_path(path: &Path) -> Option<Format> {
+        let name = path.file_name()?.to_str()?.to_ascii_lowercase();
+        let ends = |s: &str| name.ends_with(s);
+        Some(if ends(".svg") {
+            Format::Flamegraph
+        } else if ends(".txt") || ends(".folded") || ends(".collapsed") {
+            Format::Collapsed
+        } else if ends(".speedscope.json") {
+            Format::Speedscope
+        } else if ends(".pb.gz") || ends(".pprof") || ends(".pb") {
+            Format::Pprof
+        } else if ends(".json") {
+            Format::Json
+        } else {
+            return None;
+        })
+    }
+
+    pub fn writer(self) -> Box<dyn Writer> {
+        match self {
+            Format::Flamegraph => Box::new(flamegraph::Flamegraph { options: Default::default() }),
+            Format::Collapsed => Box::new(collapsed::Collapsed),
+            Format::Speedscope => Box::new(speedscope::Speedscope),
+            Format::Pprof => Box::new(pprof::Pprof),
+            Format::Json => Box::new(json::Json),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format_from_extension() {
+        let f = |p: &str| Format::from_path(Path::new(p));
+        assert_eq!(f("out.svg"), Some(Format::Flamegraph));
+        assert_eq!(f("a/b.folded"), Some(Format::Collapsed));
+        assert_eq!(f("x.speedscope.json"), Some(Format::Speedscope));
+        assert_eq!(f("x.json"), Some(Format::Json));
+        assert_eq!(f("x.pb.gz"), Some(Format::Pprof));
+        assert_eq!(f("x.bin"), None);
+    }
+}

@@ -1,0 +1,127 @@
+//! The recorded profile: the only types output writers consume. Stacks are
+//! stored once with counts; frames are interned in one table.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FrameKind {
+    Python,
+    Native,
+    /// Synthetic root added by `--threads`: "thread NAME (TID)".
+    Thread,
+    /// Synthetic root added by `--subprocesses`: "process PID (COMMAND)".
+    Process,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Frame {
+    pub function: String,
+    /// Source file for Python frames, the library for native frames, "" for synthetic ones.
+    pub file: String,
+    /// None when aggregating by function (`--function`) or unknown.
+    pub line: Option<u32>,
+    pub kind: FrameKind,
+}
+
+impl Frame {
+    /// `qualname (file:line)`, the label used by collapsed, flamegraph and speedscope output.
+    pub fn label(&self) -> String {
+        match (self.kind, self.line) {
+            (FrameKind::Thread | FrameKind::Process, _) => self.function.clone(),
+            (_, Some(line)) => format!("{} ({}:{})", self.function, self.file, line),
+            (_, None) if self.file.is_empty() => self.function.clone(),
+            (_, None) => format!("{} ({})", self.function, self.file),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stack {
+    /// Indices into [`Profile::frames`], root first.
+    pub frames: Vec<u32>,
+    /// Index into [`Profile::threads`].
+    pub thread: u32,
+    pub count: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThreadInfo {
+    pub pid: i32,
+    pub native_id: Option<u64>,
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    pub pid: i32,
+    /// The target's command line.
+    pub command: Vec<String>,
+    pub python_version: String,
+    /// What the sampler counted: "wall", "cpu" or "gil".
+    pub mode: String,
+    pub rate_hz: f64,
+    pub duration_secs: f64,
+    /// Seconds since the Unix epoch when recording started.
+    pub start_time: f64,
+    pub pyprof_version: String,
+    pub samples: u64,
+    /// Ticks that fired later than their deadline by more than one interval.
+    pub late: u64,
+    /// Read errors by kind (e.g. "torn", "read", "corrupt").
+    pub errors: std::collections::BTreeMap<String, u64>,
+    /// Why recording stopped: "duration", "interrupted", "target exited".
+    pub stop_reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    pub meta: Meta,
+    pub frames: Vec<Frame>,
+    pub threads: Vec<ThreadInfo>,
+    pub stacks: Vec<Stack>,
+}
+
+impl Profile {
+    pub fn total_samples(&self) -> u64 {
+        self.stacks.iter().map(|s| s.count).sum()
+    }
+
+    /// Sample period in nanoseconds (for formats that weight by time).
+    pub fn period_ns(&self) -> u64 {
+        if self.meta.rate_hz > 0.0 { (1e9 / self.meta.rate_hz) as u64 } else { 0 }
+    }
+
+    /// A small real-looking profile for writer unit tests.
+    pub fn example() -> Profile {
+        let f = |function: &str, file: &str, line| Frame { function: function.into(), file: file.into(), line: Some(line), kind: FrameKind::Python };
+        Profile {
+            meta: Meta {
+                pid: 4242,
+                command: vec!["python3".into(), "app.py".into()],
+                python_version: "3.12.1".into(),
+                mode: "wall".into(),
+                rate_hz: 100.0,
+                duration_secs: 1.5,
+                start_time: 1_700_000_000.0,
+                pyprof_version: env!("CARGO_PKG_VERSION").into(),
+                samples: 150,
+                late: 0,
+                errors: Default::default(),
+                stop_reason: "duration".into(),
+            },
+            frames: vec![
+                f("<module>", "app.py", 10),
+                f("main", "app.py", 5),
+                f("work", "lib/ü.py", 2),
+                f("Other.sleep <&>", "app.py", 7),
+            ],
+            threads: vec![ThreadInfo { pid: 4242, native_id: Some(4242), name: Some("MainThread".into()) }],
+            stacks: vec![
+                Stack { frames: vec![0, 1, 2], thread: 0, count: 100 },
+                Stack { frames: vec![0, 1], thread: 0, count: 20 },
+                Stack { frames: vec![0, 3], thread: 0, count: 30 },
+            ],
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! The sampling loop: tick, snapshot every attached process, count the
+//! stacks the mode asks for. Stops on duration, on a signal, or when every
+//! target is gone; a torn read is retried once and otherwise counted, never
+//! recorded as a stack.
+
+pub mod timer;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::profile::aggregate::Aggregator;
+use crate::session::{Session, SnapshotNeeds};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Every thread at every tick.
+    Wall,
+    /// Only threads running on a CPU.
+    Cpu,
+    /// Only the thread holding the GIL.
+    Gil,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Wall => "wall",
+            Mode::Cpu => "cpu",
+            Mode::Gil => "gil",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SamplingConfig {
+    pub rate_hz: f64,
+    pub duration: Option<Duration>,
+    pub mode: Mode,
+    /// Skip threads with no Python frames (a thread blocked in C before its first frame).
+    pub include_empty: bool,
+}
+
+impl Default for SamplingConfig {
+    fn default() -> Self {
+        SamplingConfig { rate_hz: 100.0, duration: None, mode: Mode::Wall, include_empty: false }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    Duration,
+    Interrupted,
+    TargetExited,
+}
+
+impl StopReason {
+    pub fn describe(self) -> &'static str {
+        match self {
+            StopReason::Duration => "duration reached",
+            StopReason::Interrupted => "interrupted",
+            StopReason::TargetExited => "target exited",
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct SamplerStats {
+    pub ticks: u64,
+    /// Thread stacks counted.
+    pub samples: u64,
+    pub late: u64,
+    pub skipped: u64,
+    pub errors: BTreeMap<String, u64>,
+    pub elapsed: Duration,
+    pub syscalls: u64,
+}
+
+impl SamplerStats {
+    pub fn achieved_hz(&self) -> f64 {
+        let s = self.elapsed.as_secs_f64();
+        if s > 0.0 { self.ticks as f64 / s } else { 0.0 }
+    }
+}
+
+/// Set from the SIGINT/SIGTERM handler.
+pub static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Ctrl-C and SIGTERM end the recording (the profile is then written).
+pub fn install_signal_handlers() {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let action = SigAction::new(SigHandler::Handler(on_signal), SaFlags::empty(), SigSet::empty());
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            let _ = sigaction(sig, &action);
+        }
+    }
+}
+
+fn error_kind(e: &Error) -> &'static str {
+    match e {
+        Error::Read { .. } => "read",
+        Error::Corrupt(_) => "torn",
+        Error::PermissionDenied { .. } => "permission",
+        _ => "other",
+    }
+}
+
+/// Something that wants to hear about progress (the CLI's progress line).
+pub trait Progress {
+    fn update(&mut self, stats: &SamplerStats, threads: usize);
+}
+
+pub struct NoProgress;
+impl Progress for NoProgress {
+    fn update(&mut self, _: &SamplerStats, _: usize) {}
+}
+
+/// Called between ticks to look for new child processes (`--subprocesses`).
+pub trait Discover {
+    fn poll(&mut self, sessions: &mut Vec<Session>);
+}
+
+pub fn run(
+    sessions: &mut Vec<Session>,
+    cfg: &SamplingConfig,
+    agg: &mut Aggregator,
+    progress: &mut dyn Progress,
+    mut discover: Option<&mut dyn Discover>,
+) -> (SamplerStats, StopReason) {
+    let needs = SnapshotNeeds { gil: cfg.mode == Mode::Gil, on_cpu: cfg.mode == Mode::Cpu, names: true };
+    let mut stats = SamplerStats::default();
+    let mut timer = timer::Timer::new(Duration::from_secs_f64(1.0 / cfg.rate_hz));
+    let commands: Vec<String> = sessions.iter().map(|s| s.attached.target.cmdline().join(" ")).collect();
+    let mut commands: std::collections::HashMap<i32, String> =
+        sessions.iter().map(|s| s.pid()).zip(commands).collect();
+    let mut last_progress = Duration::ZERO;
+    let mut last_discover = Duration::ZERO;
+    let mut threads_seen = 0;
+    let reason = loop {
+        timer.wait();
+        if STOP.load(Ordering::SeqCst) {
+            break StopReason::Interrupted;
+        }
+        let elapsed = timer.elapsed();
+        if cfg.duration.is_some_and(|d| elapsed >= d) {
+            break StopReason::Duration;
+        }
+        stats.ticks += 1;
+        let mut i = 0;
+        threads_seen = 0;
+        while i < sessions.len() {
+            let s = &mut sessions[i];
+            let mut result = s.snapshot(needs);
+            if matches!(&result, Err(e) if e.is_transient()) {
+                // One immediate retry: a torn read usually means the stack moved
+                // under us, and a fresh read a few µs later is consistent again.
+                *stats.errors.entry(error_kind(result.as_ref().unwrap_err()).to_string()).or_insert(0) += 1;
+                result = s.snapshot(needs);
+            }
+            match result {
+                Ok(threads) => {
+                    let pid = s.pid();
+                    let cmd = commands.get(&pid).map(String::as_str).unwrap_or("");
+                    threads_seen += threads.len();
+                    for t in &threads {
+                        let keep = match cfg.mode {
+                            Mode::Wall => true,
+                            Mode::Cpu => t.on_cpu,
+                            Mode::Gil => t.holds_gil,
+                        };
+                        if keep && (cfg.include_empty || !t.frames.is_empty()) {
+                            stats.samples += 1;
+                            agg.add(pid, cmd, t.native_id, t.name.as_deref(), &t.frames);
+                        }
+                    }
+                    i += 1;
+                }
+                Err(e) if e.is_process_gone() || !s.attached.target.is_alive() => {
+                    sessions.remove(i);
+                }
+                Err(e) => {
+                    *stats.errors.entry(error_kind(&e).to_string()).or_insert(0) += 1;
+                    i += 1;
+                }
+            }
+        }
+        if sessions.is_empty() {
+            break StopReason::TargetExited;
+        }
+        if let Some(d) = discover.as_deref_mut() {
+            if elapsed - last_discover >= Duration::from_millis(100) {
+                last_discover = elapsed;
+                let before = sessions.len();
+                d.poll(sessions);
+                for s in &sessions[before..] {
+                    commands.insert(s.pid(), s.attached.target.cmdline().join(" "));
+                }
+            }
+        }
+        if elapsed - last_progress >= Duration::from_millis(100) {
+            last_progress = elapsed;
+            stats.elapsed = elapsed;
+            stats.late = timer.late;
+            progress.update(&stats, threads_seen);
+        }
+    };
+    stats.elapsed = timer.elapsed();
+    stats.late = timer.late;
+    stats.skipped = timer.skipped;
+    stats.syscalls = sessions.iter().map(|s| s.attached.mem.syscalls()).sum();
+    let _ = threads_seen;
+    (stats, reason)
+}

@@ -1,0 +1,129 @@
+//! `pyprof dump` against real interpreters: every frame of every thread must
+//! equal what the interpreter itself reports (sys._current_frames), on every
+//! interpreter of the matrix.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+fn dump_json(pid: i32, env: &[(&str, &str)]) -> Value {
+    let out = pyprof_env(&["dump", "--pid", &pid.to_string(), "--json"], env);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "pyprof dump failed: {stderr}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn frames_of(thread: &Value) -> Vec<(String, String, i64)> {
+    thread["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["function"].as_str().unwrap().to_string(), f["file"].as_str().unwrap().to_string(), f["line"].as_i64().unwrap()))
+        .collect()
+}
+
+fn thread_by_native<'a>(dump: &'a Value, native: i64) -> Option<&'a Value> {
+    dump["threads"].as_array().unwrap().iter().find(|t| t["native_id"].as_i64() == Some(native))
+}
+
+#[test]
+fn dump_equals_interpreters_own_view_of_every_thread() {
+    for_each_interpreter(|py| {
+        let target = py.spawn("stacks.py", &[]);
+        let expected: Value = serde_json::from_str(&target.first_line).unwrap();
+        let dump = dump_json(target.pid(), &[]);
+        let want_version = format!("3.{}.", py.minor);
+        assert!(dump["python_version"].as_str().unwrap().starts_with(&want_version), "version {}", dump["python_version"]);
+        assert_eq!(dump["pid"].as_i64(), Some(target.pid() as i64));
+
+        let scripts = py.scripts_path();
+        let stacks_py = scripts.join("stacks.py").to_string_lossy().into_owned();
+        let mut seen_recursion = false;
+        for t in expected["threads"].as_array().unwrap() {
+            let native = t["native_id"].as_i64().expect("native id");
+            let got = thread_by_native(&dump, native).unwrap_or_else(|| panic!("thread {native} missing from dump"));
+            let want = frames_of(t);
+            assert_eq!(frames_of(got), want, "thread {native}");
+            let names: Vec<&str> = want.iter().map(|f| f.0.as_str()).collect();
+            // Spot checks of what the scenarios promise, independent of the oracle.
+            if names.first() == Some(&"spin_forever") {
+                let inner = if py.minor >= 11 { "Outer.method.<locals>.inner" } else { "inner" };
+                assert_eq!(&names[..5], &["spin_forever", if py.minor >= 11 { "Outer.method.<locals>.inner.<locals>.<lambda>" } else { "<lambda>" }, inner, if py.minor >= 11 { "Outer.method" } else { "method" }, "<module>"]);
+                assert_eq!(want[0].1, stacks_py);
+                assert_eq!(got["on_cpu"], true, "the spinning main thread is on CPU");
+            }
+            if names.first() == Some(&"recurse") {
+                seen_recursion = true;
+                assert_eq!(names.iter().filter(|n| **n == "recurse").count(), 200);
+            }
+            if names.first() == Some(&"функция_λ") {
+                assert!(want[0].1.ends_with("ünïcødé_模块.py"));
+            }
+            if matches!(names.first(), Some(&"sleeper_leaf") | Some(&"blocked")) {
+                assert_eq!(got["on_cpu"], false, "{names:?} sleeps");
+                assert_eq!(got["holds_gil"], false, "{names:?} cannot hold the GIL while sleeping");
+            }
+        }
+        assert!(seen_recursion);
+    });
+}
+
+#[test]
+fn gil_holder_is_the_spinning_thread() {
+    for_each_interpreter(|py| {
+        let target = py.spawn("stacks.py", &[]);
+        let main = target.pid() as i64;
+        let mut held = 0;
+        for _ in 0..10 {
+            let dump = dump_json(target.pid(), &[]);
+            for t in dump["threads"].as_array().unwrap() {
+                if t["holds_gil"] == true {
+                    assert_eq!(t["native_id"].as_i64(), Some(main), "only the spinning main thread takes the GIL");
+                    held += 1;
+                }
+            }
+        }
+        assert!(held >= 5, "main thread held the GIL in only {held}/10 dumps");
+    });
+}
+
+#[test]
+fn each_runtime_locating_method_works_alone() {
+    for_each_interpreter(|py| {
+        let target = py.spawn("stacks.py", &["--idle-main"]);
+        let reference = dump_json(target.pid(), &[]);
+        // pyenv 3.8/3.9 predate the .PyRuntime section.
+        let methods: &[&str] = if py.minor >= 10 { &["section", "symbol", "scan"] } else { &["symbol", "scan"] };
+        for m in methods {
+            let got = dump_json(target.pid(), &[("PYPROF_RUNTIME_METHOD", m)]);
+            assert_eq!(got["threads"].as_array().unwrap().len(), reference["threads"].as_array().unwrap().len(), "method {m}");
+        }
+        if py.minor < 10 {
+            let out = pyprof_env(&["dump", "--pid", &target.pid().to_string()], &[("PYPROF_RUNTIME_METHOD", "section")]);
+            assert!(!out.status.success());
+            assert!(String::from_utf8_lossy(&out.stderr).contains("method section found nothing"));
+        }
+    });
+}
+
+#[test]
+fn text_output_has_a_header_and_one_line_per_frame() {
+    let py = interpreters().into_iter().last().expect("an interpreter");
+    let target = py.spawn("stacks.py", &[]);
+    let out = pyprof(&["dump", "--pid", &target.pid().to_string()]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with(&format!("Process {}:", target.pid())), "{text}");
+    assert!(text.contains(&format!("Python v3.{}.", py.minor)));
+    let main = text.split("\n\n").find(|block| block.contains(&format!("Thread {} ", target.pid()))).expect("main thread block");
+    let lines: Vec<&str> = main.lines().collect();
+    assert!(lines[1].trim_start().starts_with("spin_forever ("), "{main}");
+    assert!(lines[1].trim_end().ends_with(&format!("stacks.py:{})", spin_line())), "{main}");
+}
+
+/// The line of `while True: pass` in spin_forever, read from the script itself.
+fn spin_line() -> usize {
+    let text = std::fs::read_to_string(scripts_dir().join("stacks.py")).unwrap();
+    text.lines().position(|l| l.trim_start().starts_with("while True: pass")).unwrap() + 1
+}

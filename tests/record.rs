@@ -1,0 +1,231 @@
+//! `pyprof record` end to end on real interpreters: attribution, sample
+//! counts, modes, subprocesses, and that every way of stopping writes a
+//! complete file.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use pyprof::profile::model::{FrameKind, Profile};
+
+fn read_profile(path: &Path) -> Profile {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    pyprof::output::json::read(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Samples whose stack contains a frame of function `name` (inclusive count).
+fn inclusive(p: &Profile, name: &str) -> u64 {
+    p.stacks
+        .iter()
+        .filter(|s| s.frames.iter().any(|&f| p.frames[f as usize].function == name))
+        .map(|s| s.count)
+        .sum()
+}
+
+/// The CPU-heavy tests run one at a time: they measure rates and shares, and
+/// two spinning targets plus two profilers on two cores would measure the
+/// machine's contention instead.
+static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn record(args: &[&str]) -> std::process::Output {
+    let out = Command::new(pyprof_bin()).arg("record").args(args).output().expect("run pyprof");
+    assert_ne!(out.status.code(), Some(101), "panic: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+#[test]
+fn time_split_60_30_10_is_attributed_within_2_points() {
+    let _serial = heavy();
+    for_each_interpreter(|py| {
+        let dir = temp_dir("split");
+        let out_path = dir.join("p.json");
+        let argv = py.argv("split.py", &["3"]);
+        let mut args = vec!["-r", "1000", "-q", "-o", out_path.to_str().unwrap(), "--"];
+        args.extend(argv.iter().map(String::as_str));
+        let out = record(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let p = read_profile(&out_path);
+        let (a, b, c) = (inclusive(&p, "sixty"), inclusive(&p, "thirty"), inclusive(&p, "ten"));
+        let total = (a + b + c) as f64;
+        assert!(total >= 2000.0, "only {total} samples in the three functions");
+        let share = |x: u64| 100.0 * x as f64 / total;
+        for (got, want, name) in [(share(a), 60.0, "sixty"), (share(b), 30.0, "thirty"), (share(c), 10.0, "ten")] {
+            assert!((got - want).abs() <= 2.0, "{name}: {got:.1}% (want {want}%) of {total} samples");
+        }
+        assert_eq!(p.meta.stop_reason, "target exited");
+        assert!(p.meta.python_version.starts_with(&format!("3.{}.", py.minor)));
+    });
+}
+
+#[test]
+fn sample_count_matches_rate_times_duration_at_1khz() {
+    let _serial = heavy();
+    for_each_interpreter(|py| {
+        let target = py.spawn("split.py", &["30"]);
+        let dir = temp_dir("rate");
+        let out_path = dir.join("p.json");
+        let pid = target.pid().to_string();
+        let out = record(&["--pid", &pid, "-r", "1k", "-d", "2", "-q", "-o", out_path.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let p = read_profile(&out_path);
+        let expected = p.meta.duration_secs * 1000.0;
+        let got = p.meta.samples as f64;
+        assert!((got - expected).abs() / expected <= 0.01, "{got} samples in {:.3} s at 1 kHz", p.meta.duration_secs);
+        assert!((p.meta.duration_secs - 2.0).abs() < 0.1, "duration {}", p.meta.duration_secs);
+        assert_eq!(p.meta.stop_reason, "duration reached");
+    });
+}
+
+#[test]
+fn modes_select_threads() {
+    let _serial = heavy();
+    for_each_interpreter(|py| {
+        let target = py.spawn("modes.py", &[]);
+        let pid = target.pid().to_string();
+        let dir = temp_dir("modes");
+        for mode in ["wall", "cpu", "gil"] {
+            let out_path = dir.join(format!("{mode}.json"));
+            let out = record(&["--pid", &pid, "--mode", mode, "-r", "200", "-d", "1", "-q", "-o", out_path.to_str().unwrap()]);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let p = read_profile(&out_path);
+            let (spin, sleep, wait) = (inclusive(&p, "spinning_main"), inclusive(&p, "sleeping_thread"), inclusive(&p, "waiting_thread"));
+            assert!(spin > 50, "{mode}: spinning thread seen {spin} times");
+            assert_eq!(p.meta.mode, mode);
+            if mode == "wall" {
+                assert!(sleep > 50 && wait > 50, "wall must include idle threads: sleep {sleep}, wait {wait}");
+            } else {
+                assert_eq!((sleep, wait), (0, 0), "{mode} must exclude threads that sleep or wait");
+            }
+        }
+    });
+}
+
+#[test]
+fn threads_and_function_options_shape_the_stacks() {
+    let py = interpreters().into_iter().last().expect("an interpreter");
+    let target = py.spawn("modes.py", &[]);
+    let pid = target.pid().to_string();
+    let dir = temp_dir("opts");
+    let out_path = dir.join("p.json");
+    let out = record(&["--pid", &pid, "--threads", "--function", "-r", "200", "-d", "0.5", "-q", "-o", out_path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let p = read_profile(&out_path);
+    for s in &p.stacks {
+        let root = &p.frames[s.frames[0] as usize];
+        assert_eq!(root.kind, FrameKind::Thread, "root {root:?}");
+        assert!(root.function.starts_with("thread "));
+        assert!(s.frames[1..].iter().all(|&f| p.frames[f as usize].line.is_none()), "--function drops lines");
+    }
+    let roots: std::collections::HashSet<u32> = p.stacks.iter().map(|s| s.frames[0]).collect();
+    assert_eq!(roots.len(), 3, "one root per thread");
+}
+
+#[test]
+fn target_exit_writes_the_profile_and_passes_on_the_exit_code() {
+    let py = interpreters().into_iter().next().expect("an interpreter");
+    let dir = temp_dir("exit");
+    for (name, fmt_check) in [("p.svg", "</svg>"), ("p.txt", "sixty"), ("p.json", "pyprof-profile")] {
+        let out_path = dir.join(name);
+        let argv = py.argv("split.py", &["0.5", "3"]);
+        let mut args = vec!["-r", "500", "-o", out_path.to_str().unwrap(), "--"];
+        args.extend(argv.iter().map(String::as_str));
+        let out = record(&args);
+        assert_eq!(out.status.code(), Some(3), "child's exit code: {}", String::from_utf8_lossy(&out.stderr));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("stopped: target exited"), "{stderr}");
+        let text = std::fs::read_to_string(&out_path).unwrap();
+        assert!(text.contains(fmt_check), "{name} lacks {fmt_check}");
+    }
+}
+
+#[test]
+fn ctrl_c_writes_a_complete_profile() {
+    let py = interpreters().into_iter().next().expect("an interpreter");
+    let dir = temp_dir("sigint");
+    for name in ["p.json", "p.svg"] {
+        let out_path = dir.join(name);
+        let argv = py.argv("modes.py", &[]);
+        let mut child = Command::new(pyprof_bin())
+            .args(["record", "-r", "500", "-o", out_path.to_str().unwrap(), "--"])
+            .args(&argv)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+        let started = Instant::now();
+        let out = child.wait_with_output().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(10), "pyprof took too long to stop");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("stopped: interrupted"), "{stderr}");
+        if name.ends_with(".json") {
+            let p = read_profile(&out_path);
+            assert_eq!(p.meta.stop_reason, "interrupted");
+            assert!(inclusive(&p, "spinning_main") > 100);
+        } else {
+            let text = std::fs::read_to_string(&out_path).unwrap();
+            assert!(text.trim_end().ends_with("</svg>") && text.contains("spinning_main"));
+        }
+    }
+}
+
+#[test]
+fn subprocesses_are_followed() {
+    let _serial = heavy();
+    for_each_interpreter(|py| {
+        let dir = temp_dir("subproc");
+        let out_path = dir.join("p.json");
+        let argv = py.argv("parent.py", &[]);
+        let mut args = vec!["--subprocesses", "-r", "200", "-q", "-o", out_path.to_str().unwrap(), "--"];
+        args.extend(argv.iter().map(String::as_str));
+        let out = record(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let p = read_profile(&out_path);
+        assert!(inclusive(&p, "child_work") > 100, "child's function seen {} times", inclusive(&p, "child_work"));
+        assert!(inclusive(&p, "parent_wait") > 50);
+        let procs: std::collections::HashSet<&str> = p
+            .frames
+            .iter()
+            .filter(|f| f.kind == FrameKind::Process)
+            .map(|f| f.function.as_str())
+            .collect();
+        assert_eq!(procs.len(), 2, "one root per process: {procs:?}");
+        assert!(procs.iter().any(|f| f.contains("-c")), "{procs:?}");
+    });
+}
+
+#[test]
+fn bad_arguments_fail_fast_with_one_line() {
+    let py = interpreters().into_iter().next().expect("an interpreter");
+    let target = py.spawn("print_ready_sleep.py", &[]);
+    let pid = target.pid().to_string();
+    let cases: &[(&[&str], &str)] = &[
+        (&["--pid", &pid, "-r", "0"], "rate must be above 0"),
+        (&["--pid", &pid, "-r", "500k"], "maximum"),
+        (&["--pid", &pid, "-d", "0"], "duration must be above 0"),
+        (&["--pid", &pid, "-f", "banana"], "invalid value 'banana'"),
+        (&["--pid", &pid, "-o", "/nonexistent-dir/x.svg"], "cannot write /nonexistent-dir/x.svg"),
+        (&["--", "/no/such/command"], "cannot run"),
+        (&["--", "true"], "exited"),
+        (&[], "give --pid"),
+    ];
+    for (args, needle) in cases {
+        let started = Instant::now();
+        let out = record(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr:?}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr:?} lacks {needle:?}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{args:?} did not fail fast");
+    }
+    let out = record(&["-q", "--", "sleep", "30"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("does not look like a Python program"), "{stderr}");
+}

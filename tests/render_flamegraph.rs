@@ -1,0 +1,150 @@
+//! The flame graph SVG really renders in a browser: headless Chromium loads the
+//! file written for `Profile::example()`, inferno's script runs without error
+//! (it removes the fixed width for fluid drawing and performs the search given
+//! as `?s=` in the URL), and the page shows every function.
+//!
+//! Needs Debian's `chromium` (scripts/setup-fixtures.sh installs it). Without
+//! it the test fails when CI=true and is skipped otherwise.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{in_ci, temp_dir};
+use pyprof::output::Writer;
+use pyprof::output::flamegraph::{Flamegraph, FlamegraphOptions};
+use pyprof::profile::model::Profile;
+
+fn find_chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    ["chromium", "chromium-browser"].iter().flat_map(|name| std::env::split_paths(&path).map(move |dir| dir.join(name))).find(|p| p.is_file())
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// Runs headless Chromium on `url` with `args`; returns (stdout, stderr).
+fn chromium(exe: &Path, dir: &Path, tag: &str, args: &[&str], url: &str) -> (String, String) {
+    let profile_dir = dir.join(format!("chromium-profile-{tag}"));
+    let stdout_path = dir.join(format!("{tag}.stdout"));
+    let stderr_path = dir.join(format!("{tag}.stderr"));
+    let mut child = Command::new(exe)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            // Console messages (and so uncaught script errors) go to stderr.
+            "--enable-logging=stderr",
+            "--v=0",
+            // Let onload and inferno's setTimeout(…, 0) run before the dump.
+            "--virtual-time-budget=5000",
+            "--window-size=1200,400",
+        ])
+        .arg(format!("--user-data-dir={}", profile_dir.display()))
+        .args(args)
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout_path).unwrap())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", exe.display()));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("chromium ({tag}) did not finish in 90 s; stderr in {}", stderr_path.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = std::fs::read_to_string(&stdout_path).unwrap();
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap();
+    assert!(status.success(), "chromium ({tag}) failed: {status}\n{stderr}");
+    let _ = std::fs::remove_dir_all(&profile_dir);
+    (stdout, stderr)
+}
+
+/// Console lines that report a script error.
+fn script_errors(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.contains(":CONSOLE") && (l.contains("Uncaught") || l.contains("Error"))).collect()
+}
+
+#[test]
+fn flamegraph_renders_in_headless_chromium() {
+    let Some(exe) = find_chromium() else {
+        if in_ci() {
+            panic!("chromium is not installed (CI=true); run scripts/setup-fixtures.sh");
+        }
+        println!("SKIPPED: chromium not installed");
+        return;
+    };
+
+    let profile = Profile::example();
+    let dir = temp_dir("flamegraph");
+    let svg_path = dir.join("flame.svg");
+    let mut file = std::fs::File::create(&svg_path).unwrap();
+    Flamegraph { options: FlamegraphOptions { deterministic: true, ..Default::default() } }.write(&profile, &mut file).unwrap();
+    drop(file);
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    assert!(svg.contains("<svg version=\"1.1\" width=\"1200\""), "the file has a fixed width for init() to remove");
+
+    // `?s=work` makes inferno's script search for /work/ once it has loaded.
+    let url = format!("file://{}?s=work", svg_path.display());
+    let (dom, stderr) = chromium(&exe, &dir, "dom", &["--dump-dom"], &url);
+    let context = || format!("DOM:\n{dom}\nchromium stderr:\n{stderr}\nfiles in {}", dir.display());
+
+    // It parsed as an SVG document (a parse error gives an HTML error page).
+    let root_start = dom.find("<svg").unwrap_or_else(|| panic!("no <svg> in the DOM\n{}", context()));
+    assert!(!dom.contains("parsererror"), "XML parse error\n{}", context());
+    let root_tag = &dom[root_start..root_start + dom[root_start..].find('>').unwrap()];
+
+    // No script errors.
+    let errors = script_errors(&stderr);
+    assert!(errors.is_empty(), "script errors: {errors:#?}\n{}", context());
+
+    // init() ran: fluid drawing removed the root's fixed width …
+    assert!(root_tag.contains("onload=\"init(evt)\"") && !root_tag.contains("width="), "init() did not run: {root_tag}\n{}", context());
+    // … and restored the search from the URL: `work` is 100 of 150 samples,
+    // its rectangle is painted in the search colour and the button changed.
+    assert!(dom.contains(">Matched: 66.7%</text>"), "search did not run\n{}", context());
+    assert!(dom.contains(">Reset Search</text>"), "search button not updated\n{}", context());
+    let work = dom.find("<title>work (lib/ü.py:2) (100 samples, 66.67%)</title>").unwrap_or_else(|| panic!("no work frame\n{}", context()));
+    let work_rect = &dom[work..work + dom[work..].find("/>").unwrap()];
+    assert!(work_rect.contains("fill=\"rgb(230,0,230)\""), "work not highlighted: {work_rect}");
+
+    // The page shows the title and every function, on screen (<text>) and in
+    // the tooltips (<title>, with the sample counts).
+    assert!(dom.contains(">python3 app.py (pid 4242, Python 3.12.1) · 100 Hz · 150 samples · 1.5 s</text>"), "title\n{}", context());
+    let texts: Vec<&str> = dom.split("<text").skip(1).map(|t| &t[t.find('>').unwrap() + 1..t.find("</text>").unwrap()]).collect();
+    for frame in &profile.frames {
+        let name = xml_escape(&frame.function);
+        assert!(texts.iter().any(|t| t.starts_with(&name)), "{} not drawn; texts: {texts:#?}", frame.function);
+        assert!(dom.contains(&format!("<title>{} (", xml_escape(&frame.label()))), "no tooltip for {}\n{}", frame.label(), context());
+    }
+    for tooltip in ["all (150 samples, 100%)", "main (app.py:5) (120 samples, 80.00%)", "Other.sleep &lt;&amp;&gt; (app.py:7) (30 samples, 20.00%)"] {
+        assert!(dom.contains(&format!("<title>{tooltip}</title>")), "no tooltip {tooltip}\n{}", context());
+    }
+
+    // And it paints: a screenshot of a drawn flame graph is a sizeable PNG
+    // (a blank page compresses to a few hundred bytes). Kept for inspection.
+    let png = dir.join("flame.png");
+    let (_, stderr) = chromium(&exe, &dir, "png", &[&format!("--screenshot={}", png.display())], &url);
+    let errors = script_errors(&stderr);
+    assert!(errors.is_empty(), "script errors: {errors:#?}");
+    let bytes = std::fs::read(&png).unwrap_or_else(|e| panic!("no screenshot {}: {e}\n{stderr}", png.display()));
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+    assert!(bytes.len() > 5_000, "screenshot is only {} bytes: blank page?", bytes.len());
+    println!("rendered {} → {}", svg_path.display(), png.display());
+}
