@@ -1,5 +1,8 @@
-//! A drift-free tick schedule: deadline n is `start + n × interval`, so
-//! lateness never accumulates. Sleeps are absolute (clock_nanosleep with
+//! A drift-free tick schedule: deadline n is `start + n × interval + jitter`,
+//! so lateness never accumulates. The jitter (uniform within the interval)
+//! stops the sampling phase from locking onto a periodic workload: a program
+//! whose loop takes a whole number of intervals would otherwise be sampled at
+//! the same points of every iteration and get its shares quantised and biased. Sleeps are absolute (clock_nanosleep with
 //! TIMER_ABSTIME) and the thread's timer slack is cut to 1 ns, otherwise the
 //! kernel's default 50 µs slack alone would cap us near 10 kHz.
 
@@ -27,6 +30,7 @@ pub struct Timer {
     pub late: u64,
     /// Ticks dropped because we fell more than `MAX_BEHIND` intervals behind.
     pub skipped: u64,
+    rng: u64,
 }
 
 /// How far behind we may fall before we stop catching up and drop ticks
@@ -40,12 +44,21 @@ impl Timer {
     pub fn new(interval: Duration) -> Timer {
         // SAFETY: PR_SET_TIMERSLACK only affects this thread's timer slack.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
-        Timer { start: now_ns(), interval: interval.as_nanos().max(1) as u64, n: 0, late: 0, skipped: 0 }
+        let start = now_ns();
+        Timer { start, interval: interval.as_nanos().max(1) as u64, n: 0, late: 0, skipped: 0, rng: start | 1 }
+    }
+
+    /// xorshift64: cheap, and statistical quality is not the point here.
+    fn jitter(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng % self.interval
     }
 
     /// Wait for the next tick.
     pub fn wait(&mut self) {
-        let deadline = self.start + self.n * self.interval;
+        let deadline = self.start + self.n * self.interval + self.jitter();
         let now = now_ns();
         if now < deadline {
             sleep_until_ns(deadline);
