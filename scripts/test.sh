@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-fixtures.sh
 # Release build: sampling-rate tests measure a real profiler, not a debug one.
-cargo test --release --all-targets -- --test-threads="${PYPROF_TEST_THREADS:-2}"
+cargo test --release --all-targets --no-fail-fast -- --test-threads="${PYPROF_TEST_THREADS:-2}"

@@ -38,7 +38,8 @@ fn candidate_modules(target: &Target, maps: &[Mapping]) -> Vec<String> {
     for m in maps {
         let Some(path) = &m.path else { continue };
         let name = file_name(path);
-        let is_lib = name.starts_with("libpython3") && name.contains(".so");
+        // libpython2.* too: an old interpreter deserves "unsupported version", not "not Python".
+        let is_lib = name.starts_with("libpython") && name.contains(".so");
         let is_exe = exe.as_deref() == Some(path.as_str());
         if is_lib && !libs.contains(path) {
             libs.push(path.clone());

@@ -63,8 +63,9 @@ impl PythonVersion {
     pub fn find_in_data(data: &[u8], minor_hint: Option<u32>) -> Option<PythonVersion> {
         let mut best = None;
         for (i, w) in data.windows(4).enumerate() {
-            // A NUL (or start of buffer) precedes the buffer; "3." starts it.
-            if w[0] != b'3' || w[1] != b'.' || (i > 0 && data[i - 1] != 0) {
+            // A NUL (or start of buffer) precedes the buffer; "3." (or an old
+            // "2.", which we name in the "unsupported" error) starts it.
+            if !matches!(w[0], b'2' | b'3') || w[1] != b'.' || (i > 0 && data[i - 1] != 0) {
                 continue;
             }
             let tail = &data[i..data.len().min(i + 256)];
