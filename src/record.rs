@@ -248,7 +248,7 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
     if !cfg.quiet {
         let errs: Vec<String> = stats.errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
         eprintln!(
-            "pyprof: {} samples over {} ticks in {:.2} s ({:.1} Hz achieved of {} requested, {} late{}); errors: {}; stopped: {}; wrote {} ({})",
+            "pyprof: {} samples over {} ticks in {:.2} s ({:.1} Hz achieved of {} requested, {} late{}, {:.2} reads/tick); errors: {}; stopped: {}; wrote {} ({})",
             stats.samples,
             stats.ticks,
             stats.elapsed.as_secs_f64(),
@@ -256,6 +256,7 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
             cfg.sampling.rate_hz,
             stats.late,
             if stats.skipped > 0 { format!(", {} ticks skipped", stats.skipped) } else { String::new() },
+            stats.syscalls as f64 / stats.ticks.max(1) as f64,
             if errs.is_empty() { "none".into() } else { errs.join(", ") },
             reason.describe(),
             cfg.output.display(),

@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::attach::{AttachOptions, Attached, attach};
 use crate::error::Result;
 use crate::process::memory::RemoteMemory;
+use crate::process::prefetch::Prefetcher;
 use crate::process::{task_comm, task_state};
 use crate::python::code::CodeCache;
 use crate::python::frames::{Frame, FrameWalker};
@@ -60,6 +61,7 @@ pub struct Session {
     states: Vec<ThreadState>,
     /// ≤ 3.10: where glibc keeps the tid in `struct pthread` (found once).
     pthread_tid_offset: Option<Option<u64>>,
+    prefetch: Prefetcher,
 }
 
 impl Session {
@@ -71,6 +73,7 @@ impl Session {
             walker: FrameWalker::default(),
             states: Vec::new(),
             pthread_tid_offset: None,
+            prefetch: Prefetcher::default(),
         })
     }
 
@@ -82,15 +85,28 @@ impl Session {
         self.codes.stats
     }
 
+    pub fn prefetch_stats(&self) -> crate::process::prefetch::PrefetchStats {
+        self.prefetch.stats()
+    }
+
     /// Every thread's stack, innermost frame first.
     pub fn snapshot(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
+        self.prefetch.begin(&self.attached.mem);
+        let result = self.walk(needs);
+        self.prefetch.end();
+        result
+    }
+
+    fn walk(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
         let a = &self.attached;
         let o = &a.offsets;
-        thread_states(&a.mem, o, a.runtime, &mut self.states)?;
+        let view = self.prefetch.view(&a.mem);
+        let mem: &dyn RemoteMemory = &view;
+        thread_states(mem, o, a.runtime, &mut self.states)?;
         let pid = a.target.pid;
         if o.thread.native_thread_id.is_none() && self.pthread_tid_offset.is_none() {
             let pthreads: Vec<u64> = self.states.iter().map(|t| t.thread_id).collect();
-            self.pthread_tid_offset = Some(find_pthread_tid_offset(&a.mem, pid, &a.target.threads(), &pthreads));
+            self.pthread_tid_offset = Some(find_pthread_tid_offset(mem, pid, &a.target.threads(), &pthreads));
         }
         let mut out = Vec::with_capacity(self.states.len());
         let mut holder_by_interp: Vec<(u64, Option<u64>)> = Vec::new();
@@ -99,17 +115,17 @@ impl Session {
                 Some(&(_, h)) => h,
                 None if !needs.gil => None,
                 None => {
-                    let h = gil_holder(&a.mem, o, a.runtime, ts.interp)?;
+                    let h = gil_holder(mem, o, a.runtime, ts.interp)?;
                     holder_by_interp.push((ts.interp, h));
                     h
                 }
             };
             let native_id = ts.native_id.or_else(|| {
                 let off = self.pthread_tid_offset.flatten()?;
-                a.mem.read_u32(ts.thread_id + off).ok().map(|t| t as u64)
+                mem.read_u32(ts.thread_id + off).ok().map(|t| t as u64)
             });
             let mut frames = Vec::new();
-            self.walker.walk(&a.mem, o, &mut self.codes, ts.frame, &mut frames)?;
+            self.walker.walk(mem, o, &mut self.codes, ts.frame, &mut frames)?;
             let tid = native_id.map(|t| t as i32);
             let name = match (needs.names, native_id) {
                 (true, Some(n)) => self.names.entry(n).or_insert_with(|| task_comm(pid, n as i32)).clone(),

@@ -78,6 +78,36 @@ impl VmReader {
         }
     }
 
+    /// Fill as many of `reqs` as the target has mapped, in order, with one
+    /// syscall per IOV_MAX ranges; returns the bytes read. Stops at the first
+    /// range that faults (the kernel does too), never errors.
+    pub fn read_partial(&self, reqs: &mut [(u64, &mut [u8])]) -> usize {
+        let mut done = 0;
+        for chunk in reqs.chunks_mut(IOV_MAX) {
+            let mut local = Vec::with_capacity(chunk.len());
+            let mut remote = Vec::with_capacity(chunk.len());
+            let mut total = 0;
+            for (addr, buf) in chunk.iter_mut() {
+                local.push(libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() });
+                remote.push(libc::iovec { iov_base: *addr as *mut libc::c_void, iov_len: buf.len() });
+                total += buf.len();
+            }
+            self.syscalls.set(self.syscalls.get() + 1);
+            // SAFETY: as in `readv`.
+            let n = unsafe {
+                libc::process_vm_readv(self.pid, local.as_ptr(), local.len() as libc::c_ulong, remote.as_ptr(), remote.len() as libc::c_ulong, 0)
+            };
+            if n <= 0 {
+                break;
+            }
+            done += n as usize;
+            if n as usize != total {
+                break;
+            }
+        }
+        done
+    }
+
     fn readv(&self, local: &[libc::iovec], remote: &[libc::iovec], total: usize, first: u64) -> Result<()> {
         self.syscalls.set(self.syscalls.get() + 1);
         // SAFETY: every local iovec points into a live &mut [u8] owned by the

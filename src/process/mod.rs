@@ -4,6 +4,7 @@
 
 pub mod maps;
 pub mod memory;
+pub mod prefetch;
 
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! interned as a slice of frame ids (thread first), so a repeated stack costs
 //! a hash lookup and no allocation.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use super::model::{Frame, FrameKind, Meta, Profile, Stack, ThreadInfo};
 use crate::python::frames::Frame as PyFrame;
@@ -43,6 +43,7 @@ impl Aggregator {
     pub fn new(opts: AggregateOptions) -> Aggregator {
         Aggregator { opts, ..Default::default() }
     }
+
 
     fn intern(&mut self, frame: Frame) -> u32 {
         if let Some(&id) = self.frame_ids.get(&frame) {

@@ -45,6 +45,7 @@ pub struct CodeCache {
     entries: HashMap<u64, (Fingerprint, Arc<CodeInfo>)>,
     /// Type objects known to be `code` (there is one per interpreter build).
     code_types: Vec<u64>,
+    head: Vec<u8>,
     pub stats: CodeCacheStats,
 }
 
@@ -53,14 +54,18 @@ impl CodeCache {
         if addr == 0 || addr % 8 != 0 {
             return Err(Error::Corrupt(format!("bad code pointer {addr:#x}")));
         }
-        let mut head = vec![0u8; o.code.size as usize];
-        mem.read(addr, &mut head)?;
+        let mut head = std::mem::take(&mut self.head);
+        head.resize(o.code.size as usize, 0);
+        let read = mem.read(addr, &mut head);
+        self.head = head;
+        read?;
+        let head = &self.head;
         let fp = Fingerprint {
-            ob_type: field_u64(&head, o.object.ob_type as usize),
-            name: field_u64(&head, o.code.qualname.unwrap_or(o.code.name) as usize),
-            filename: field_u64(&head, o.code.filename as usize),
-            linetable: field_u64(&head, o.code.linetable as usize),
-            firstlineno: field_u32(&head, o.code.firstlineno as usize),
+            ob_type: field_u64(head, o.object.ob_type as usize),
+            name: field_u64(head, o.code.qualname.unwrap_or(o.code.name) as usize),
+            filename: field_u64(head, o.code.filename as usize),
+            linetable: field_u64(head, o.code.linetable as usize),
+            firstlineno: field_u32(head, o.code.firstlineno as usize),
         };
         if let Some((cached, info)) = self.entries.get(&addr) {
             if *cached == fp {

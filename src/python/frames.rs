@@ -3,7 +3,6 @@
 //! says. Remote memory is untrusted: depth is capped and a repeated frame
 //! address (a cycle, or a chain torn while we read it) is an error.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
@@ -25,8 +24,34 @@ pub struct Frame {
 /// Reusable state for walking chains without reallocating per sample.
 #[derive(Default)]
 pub struct FrameWalker {
-    seen: HashSet<u64>,
     buf: Vec<u8>,
+}
+
+/// Brent's cycle detection: O(1) memory and a compare per frame, instead of a
+/// set of every address seen. A cycle is caught within twice its length.
+struct CycleCheck {
+    mark: u64,
+    power: usize,
+    steps: usize,
+}
+
+impl CycleCheck {
+    fn new() -> Self {
+        CycleCheck { mark: 0, power: 1, steps: 0 }
+    }
+    /// False when `addr` closes a loop.
+    fn visit(&mut self, addr: u64) -> bool {
+        if addr == self.mark {
+            return false;
+        }
+        self.steps += 1;
+        if self.steps == self.power {
+            self.mark = addr;
+            self.power *= 2;
+            self.steps = 0;
+        }
+        true
+    }
 }
 
 impl FrameWalker {
@@ -38,13 +63,15 @@ impl FrameWalker {
         mut frame: u64,
         out: &mut Vec<Frame>,
     ) -> Result<()> {
-        self.seen.clear();
         self.buf.resize(o.frame.size as usize, 0);
+        let mut cycle = CycleCheck::new();
+        let mut visited = 0usize;
         while frame != 0 {
-            if out.len() >= MAX_DEPTH || self.seen.len() >= MAX_DEPTH {
+            visited += 1;
+            if visited > MAX_DEPTH {
                 return Err(Error::Corrupt(format!("frame chain deeper than {MAX_DEPTH}")));
             }
-            if frame % 8 != 0 || !self.seen.insert(frame) {
+            if frame % 8 != 0 || !cycle.visit(frame) {
                 return Err(Error::Corrupt(format!("frame chain revisits or misaligned at {frame:#x}")));
             }
             mem.read(frame, &mut self.buf)?;
@@ -87,5 +114,29 @@ impl FrameWalker {
             frame = previous;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CycleCheck;
+
+    #[test]
+    fn brent_finds_cycles_and_passes_chains() {
+        let mut c = CycleCheck::new();
+        assert!((1..10_000u64).all(|a| c.visit(a * 8)), "a plain chain is not a cycle");
+        for start in [0usize, 3, 50] {
+            for len in [1usize, 2, 7, 100] {
+                let chain: Vec<u64> = (0..start).map(|i| 0x1000 + i as u64 * 8).chain((0..len).map(|i| 0x9000 + i as u64 * 8)).collect();
+                let mut c = CycleCheck::new();
+                let mut i = 0;
+                let mut steps = 0;
+                while c.visit(chain[i]) {
+                    steps += 1;
+                    assert!(steps < 4 * (start + len) + 4, "cycle of {len} after {start} not caught");
+                    i = if i + 1 == chain.len() { start } else { i + 1 };
+                }
+            }
+        }
     }
 }

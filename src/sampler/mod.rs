@@ -183,6 +183,7 @@ pub fn run(
                     i += 1;
                 }
                 Err(e) if e.is_process_gone() || !s.attached.target.is_alive() => {
+                    stats.syscalls += s.attached.mem.syscalls();
                     sessions.remove(i);
                 }
                 Err(e) => {
@@ -214,7 +215,7 @@ pub fn run(
     stats.elapsed = timer.elapsed();
     stats.late = timer.late;
     stats.skipped = timer.skipped;
-    stats.syscalls = sessions.iter().map(|s| s.attached.mem.syscalls()).sum();
+    stats.syscalls += sessions.iter().map(|s| s.attached.mem.syscalls()).sum::<u64>();
     let _ = threads_seen;
     (stats, reason)
 }

@@ -26,7 +26,8 @@ pub struct Timer {
     interval: u64,
     /// Index of the next tick.
     n: u64,
-    /// Ticks taken after their deadline had already passed by half an interval or more.
+    /// Ticks that could not be taken within their own interval
+    /// (`[start + n·interval, start + (n+1)·interval)`).
     pub late: u64,
     /// Ticks dropped because we fell more than `MAX_BEHIND` intervals behind.
     pub skipped: u64,
@@ -58,13 +59,14 @@ impl Timer {
 
     /// Wait for the next tick.
     pub fn wait(&mut self) {
-        let deadline = self.start + self.n * self.interval + self.jitter();
+        let slot = self.start + self.n * self.interval;
+        let deadline = slot + self.jitter();
         let now = now_ns();
         if now < deadline {
             sleep_until_ns(deadline);
-        } else if now - deadline >= self.interval / 2 {
+        } else if now >= slot + self.interval {
             self.late += 1;
-            let behind = (now - deadline) / self.interval;
+            let behind = (now - slot) / self.interval;
             if behind > MAX_BEHIND_TICKS.max(MAX_BEHIND_NS / self.interval) {
                 self.skipped += behind;
                 self.n += behind;

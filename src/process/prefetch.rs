@@ -1,0 +1,148 @@
+//! One `process_vm_readv` per sample. Stacks change little between samples,
+//! so the ranges one sample read (thread states, frames, code-object headers)
+//! are what the next one will read. [`Prefetcher::begin`] re-reads all of them
+//! in a single call, merged into few iovecs; the walk then reads through a
+//! [`SampleView`], which serves what the fresh copy holds and goes to the
+//! kernel only for the rest. Nothing survives from one sample to the next
+//! except the *plan* of what to read, so no stale data can leak into a stack:
+//! every byte a sample uses was read during that sample.
+
+use std::cell::RefCell;
+
+use crate::error::Result;
+use crate::process::memory::{RemoteMemory, VmReader};
+
+/// Ranges closer than this are read as one (the bytes between are cheap;
+/// iovec count and syscalls are not). Also the growth room left on each side
+/// of a range, so a stack that grows by a frame still hits. Growth never
+/// leaves the pages the original read touched, and a gap under one page
+/// cannot hide a whole unmapped page: so a plan never faults on memory that
+/// was mapped when it was made (one fault would void every later range).
+const MERGE_GAP: u64 = 512;
+const PAGE: u64 = 4096;
+/// A plan is capped so a pathological sample cannot make every later one huge.
+const MAX_PLAN_BYTES: u64 = 4 << 20;
+const MAX_PLAN_RANGES: usize = 512;
+
+#[derive(Default)]
+struct State {
+    /// Merged ranges read at the start of this sample: (start, end, offset in `data`).
+    ranges: Vec<(u64, u64, usize)>,
+    data: Vec<u8>,
+    /// Ranges this sample asked for, for the next plan.
+    seen: Vec<(u64, u64)>,
+    hits: u64,
+    misses: u64,
+}
+
+#[derive(Default)]
+pub struct Prefetcher {
+    state: RefCell<State>,
+    plan: Vec<(u64, u64)>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PrefetchStats {
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl Prefetcher {
+    /// Read this sample's plan in one call. Ranges the target no longer maps are
+    /// simply not served (reads there go to the kernel and fail normally).
+    pub fn begin(&mut self, mem: &VmReader) {
+        let mut st = self.state.borrow_mut();
+        st.seen.clear();
+        st.ranges.clear();
+        let total: u64 = self.plan.iter().map(|(s, e)| e - s).sum();
+        st.data.resize(total as usize, 0);
+        if self.plan.is_empty() {
+            return;
+        }
+        let st = &mut *st;
+        let mut off = 0usize;
+        let mut reqs: Vec<(u64, &mut [u8])> = Vec::with_capacity(self.plan.len());
+        let mut rest: &mut [u8] = &mut st.data;
+        for &(s, e) in &self.plan {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut((e - s) as usize);
+            reqs.push((s, head));
+            rest = tail;
+        }
+        let got = mem.read_partial(&mut reqs);
+        // process_vm_readv fills iovecs in order and stops at the first fault:
+        // keep the ranges that arrived whole.
+        let mut left = got;
+        for &(s, e) in &self.plan {
+            let len = (e - s) as usize;
+            if left < len {
+                break;
+            }
+            st.ranges.push((s, e, off));
+            off += len;
+            left -= len;
+        }
+    }
+
+    /// Turn what this sample read into the next sample's plan.
+    pub fn end(&mut self) {
+        let mut st = self.state.borrow_mut();
+        let mut seen = std::mem::take(&mut st.seen);
+        seen.sort_unstable();
+        let mut plan: Vec<(u64, u64)> = Vec::with_capacity(seen.len());
+        for (s, e) in seen {
+            let lo = s & !(PAGE - 1);
+            let hi = (e.saturating_sub(1) | (PAGE - 1)).saturating_add(1);
+            let (s, e) = (s.saturating_sub(MERGE_GAP / 2).max(lo), e.saturating_add(MERGE_GAP / 2).min(hi));
+            match plan.last_mut() {
+                Some(last) if s <= last.1 + MERGE_GAP => last.1 = last.1.max(e),
+                _ => plan.push((s, e)),
+            }
+        }
+        let mut bytes = 0;
+        plan.retain(|&(s, e)| {
+            bytes += e - s;
+            bytes <= MAX_PLAN_BYTES
+        });
+        plan.truncate(MAX_PLAN_RANGES);
+        self.plan = plan;
+        st.seen = Vec::new();
+    }
+
+    pub fn view<'a>(&'a self, mem: &'a VmReader) -> SampleView<'a> {
+        SampleView { pf: self, mem }
+    }
+
+    pub fn stats(&self) -> PrefetchStats {
+        let st = self.state.borrow();
+        PrefetchStats { hits: st.hits, misses: st.misses }
+    }
+}
+
+/// Remote memory as seen during one sample.
+pub struct SampleView<'a> {
+    pf: &'a Prefetcher,
+    mem: &'a VmReader,
+}
+
+impl RemoteMemory for SampleView<'_> {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        let end = addr.saturating_add(buf.len() as u64);
+        {
+            let mut st = self.pf.state.borrow_mut();
+            st.seen.push((addr, end));
+            // Ranges are sorted and disjoint: binary search the one starting at or before addr.
+            let i = st.ranges.partition_point(|r| r.0 <= addr);
+            if i > 0 {
+                let (s, e, off) = st.ranges[i - 1];
+                if end <= e {
+                    let from = off + (addr - s) as usize;
+                    buf.copy_from_slice(&st.data[from..from + buf.len()]);
+                    st.hits += 1;
+                    return Ok(());
+                }
+            }
+            st.misses += 1;
+        }
+        self.mem.read(addr, buf)
+    }
+}
