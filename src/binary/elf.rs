@@ -37,7 +37,12 @@ pub struct ElfFile {
 
 impl ElfFile {
     pub fn open(path: &Path) -> Result<ElfFile> {
-        let bytes = std::fs::read(path).map_err(|e| Error::Binary { path: path.into(), why: e.to_string() })?;
+        // Mapped, not read: libpython with DWARF is tens of MB and we touch
+        // only headers and symbol tables.
+        let file = std::fs::File::open(path).map_err(|e| Error::Binary { path: path.into(), why: e.to_string() })?;
+        // SAFETY: read-only private mapping; if the file is truncated under
+        // us we may fault, which is the same risk every ELF reader takes.
+        let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::Binary { path: path.into(), why: e.to_string() })?;
         let elf = Elf::parse(&bytes).map_err(|e| Error::Binary { path: path.into(), why: format!("not ELF: {e}") })?;
         if !elf.is_64 || !elf.little_endian {
             return Err(Error::Binary { path: path.into(), why: "only 64-bit little-endian ELF is supported".into() });

@@ -171,7 +171,15 @@ impl Writer for Flamegraph {
     fn write(&self, profile: &Profile, out: &mut dyn Write) -> anyhow::Result<()> {
         let lines = collapsed::lines(profile);
         if lines.is_empty() {
-            anyhow::bail!("no samples to draw: the profile has no stacks");
+            // A recording that caught nothing (stopped at once, or every thread
+            // idle under --mode cpu) still gets a valid file that says so.
+            let text = xml_escape(&format!("{}: no samples recorded ({})", title(&profile.meta, 0), profile.meta.stop_reason));
+            write!(
+                out,
+                r#"<?xml version="1.0" standalone="no"?><svg version="1.1" width="1200" height="60" xmlns="http://www.w3.org/2000/svg"><text x="10" y="35" font-family="Verdana" font-size="14">{text}</text></svg>"#
+            )?;
+            writeln!(out)?;
+            return Ok(());
         }
         let o = &self.options;
         let mut palette = frame_palette(profile);
@@ -320,12 +328,18 @@ mod tests {
     }
 
     #[test]
-    fn empty_profile_is_an_error() {
+    fn empty_profile_is_a_valid_svg_saying_so() {
         let mut p = Profile::example();
         p.stacks.clear();
+        p.meta.command = vec!["a<b".into()];
         let mut out = Vec::new();
-        let err = Flamegraph::default().write(&p, &mut out).unwrap_err();
-        assert!(err.to_string().contains("no samples"), "{err}");
-        assert!(out.is_empty());
+        Flamegraph::default().write(&p, &mut out).unwrap();
+        let svg = String::from_utf8(out).unwrap();
+        assert!(svg.contains("no samples recorded (duration)") && svg.contains("a&lt;b"), "{svg}");
+        assert!(svg.trim_end().ends_with("</svg>"));
     }
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
