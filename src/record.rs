@@ -224,6 +224,9 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
     if stats.skipped > 0 {
         errors.insert("skipped_ticks".into(), stats.skipped);
     }
+    if stats.retried > 0 {
+        errors.insert("retried".into(), stats.retried);
+    }
     if agg.overflowed > 0 {
         errors.insert("stack_table_full".into(), agg.overflowed);
     }
@@ -248,7 +251,7 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
     if !cfg.quiet {
         let errs: Vec<String> = stats.errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
         eprintln!(
-            "pyprof: {} samples over {} ticks in {:.2} s ({:.1} Hz achieved of {} requested, {} late{}, {:.2} reads/tick); errors: {}; stopped: {}; wrote {} ({})",
+            "pyprof: {} samples over {} ticks in {:.2} s ({:.1} Hz achieved of {} requested, {} late{}, {:.2} reads/tick); errors: {}{}; stopped: {}; wrote {} ({})",
             stats.samples,
             stats.ticks,
             stats.elapsed.as_secs_f64(),
@@ -258,6 +261,7 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
             if stats.skipped > 0 { format!(", {} ticks skipped", stats.skipped) } else { String::new() },
             stats.syscalls as f64 / stats.ticks.max(1) as f64,
             if errs.is_empty() { "none".into() } else { errs.join(", ") },
+            if stats.retried > 0 { format!(" ({} torn reads recovered by a retry)", stats.retried) } else { String::new() },
             reason.describe(),
             cfg.output.display(),
             cfg.format.name(),

@@ -12,6 +12,7 @@ use crate::process::prefetch::Prefetcher;
 use crate::process::{task_comm, task_state};
 use crate::python::code::CodeCache;
 use crate::python::frames::{Frame, FrameWalker};
+use crate::python::thread_names::NameCache;
 use crate::python::threads::{ThreadState, find_pthread_tid_offset, gil_holder, thread_states};
 
 #[derive(Debug, Clone, Serialize)]
@@ -40,6 +41,8 @@ fn ser_frames<S: serde::Serializer>(frames: &[Frame], s: S) -> Result<S::Ok, S::
     seq.end()
 }
 
+const MIN_STACK_CHUNK: u64 = 16 * 1024;
+
 /// Which per-thread facts a snapshot should fetch; each costs reads.
 #[derive(Debug, Clone, Copy)]
 pub struct SnapshotNeeds {
@@ -54,8 +57,11 @@ impl SnapshotNeeds {
 
 pub struct Session {
     pub attached: Attached,
-    /// Kernel thread names, read once per tid.
+    /// Kernel thread names, read once per tid: the fallback for threads
+    /// `threading` does not know.
     names: std::collections::HashMap<u64, Option<String>>,
+    /// `threading.Thread` names per interpreter, re-read about once a second.
+    py_names: NameCache,
     codes: CodeCache,
     walker: FrameWalker,
     states: Vec<ThreadState>,
@@ -69,6 +75,7 @@ impl Session {
         Ok(Session {
             attached: attach(pid, opts)?,
             names: Default::default(),
+            py_names: NameCache::default(),
             codes: CodeCache::default(),
             walker: FrameWalker::default(),
             states: Vec::new(),
@@ -92,7 +99,18 @@ impl Session {
     /// Every thread's stack, innermost frame first.
     pub fn snapshot(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
         self.prefetch.begin(&self.attached.mem);
-        let result = self.walk(needs);
+        self.codes.begin_snapshot();
+        self.walker.begin();
+        let mut result = self.walk(needs);
+        // Not even one process_vm_readv is atomic: the kernel copies iovec by
+        // iovec while the target runs, so a current-frame pointer copied first
+        // can name a frame popped before the chunk holding it was copied. Every
+        // walk is therefore re-checked, in one more syscall, before it counts.
+        if result.is_ok() {
+            if let Err(e) = self.walker.verify(&self.attached.mem) {
+                result = Err(e);
+            }
+        }
         self.prefetch.end();
         result
     }
@@ -103,10 +121,27 @@ impl Session {
         let view = self.prefetch.view(&a.mem);
         let mem: &dyn RemoteMemory = &view;
         thread_states(mem, o, a.runtime, &mut self.states)?;
+        if let Some(chunk_off) = o.thread.datastack_chunk {
+            // 3.11+: a thread's frames sit in its current data-stack chunk;
+            // reading the chunk's first 16 KiB (CPython's smallest chunk size,
+            // _PY_DATA_STACK_CHUNK_SIZE) serves a whole walk in one read.
+            for ts in &self.states {
+                if let Ok(chunk) = mem.read_u64(ts.addr + chunk_off) {
+                    if chunk != 0 && (chunk..chunk + MIN_STACK_CHUNK).contains(&ts.frame) {
+                        self.prefetch.load(&a.mem, chunk, MIN_STACK_CHUNK as usize);
+                    }
+                }
+            }
+        }
         let pid = a.target.pid;
         if o.thread.native_thread_id.is_none() && self.pthread_tid_offset.is_none() {
             let pthreads: Vec<u64> = self.states.iter().map(|t| t.thread_id).collect();
             self.pthread_tid_offset = Some(find_pthread_tid_offset(mem, pid, &a.target.threads(), &pthreads));
+        }
+        if needs.names {
+            // The raw reader, not the per-sample prefetch view: names are read
+            // rarely and should not enter the prefetch plan.
+            self.py_names.refresh(&a.mem, o, &self.states);
         }
         let mut out = Vec::with_capacity(self.states.len());
         let mut holder_by_interp: Vec<(u64, Option<u64>)> = Vec::new();
@@ -125,9 +160,12 @@ impl Session {
                 mem.read_u32(ts.thread_id + off).ok().map(|t| t as u64)
             });
             let mut frames = Vec::new();
+            self.walker.note(ts.frame_field, ts.frame);
             self.walker.walk(mem, o, &mut self.codes, ts.frame, &mut frames)?;
             let tid = native_id.map(|t| t as i32);
+            let py_name = if needs.names { self.py_names.get(ts.interp, ts.thread_id) } else { None };
             let name = match (needs.names, native_id) {
+                _ if py_name.is_some() => py_name.map(str::to_owned),
                 (true, Some(n)) => self.names.entry(n).or_insert_with(|| task_comm(pid, n as i32)).clone(),
                 _ => None,
             };

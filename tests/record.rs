@@ -133,9 +133,12 @@ fn threads_and_function_options_shape_the_stacks() {
 #[test]
 fn target_exit_writes_the_profile_and_passes_on_the_exit_code() {
     let _serial = heavy();
-    let py = interpreters().into_iter().next().expect("an interpreter");
-    let dir = temp_dir("exit");
-    for (name, fmt_check) in [("p.svg", "</svg>"), ("p.txt", "sixty"), ("p.json", "pyprof-profile")] {
+    let formats = [("p.svg", "</svg>"), ("p.txt", "sixty"), ("p.json", "pyprof-profile"), ("p.speedscope.json", "speedscope"), ("p.pb.gz", "")];
+    let i = std::sync::atomic::AtomicUsize::new(0);
+    for_each_interpreter(|py| {
+        let dir = temp_dir("exit");
+        // Rotate formats over the matrix so each is proven on several versions.
+        let (name, fmt_check) = formats[i.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % formats.len()];
         let out_path = dir.join(name);
         let argv = py.argv("split.py", &["0.5", "3"]);
         let mut args = vec!["-r", "500", "-o", out_path.to_str().unwrap(), "--"];
@@ -144,22 +147,28 @@ fn target_exit_writes_the_profile_and_passes_on_the_exit_code() {
         assert_eq!(out.status.code(), Some(3), "child's exit code: {}", String::from_utf8_lossy(&out.stderr));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains("stopped: target exited"), "{stderr}");
-        let text = std::fs::read_to_string(&out_path).unwrap();
-        assert!(text.contains(fmt_check), "{name} lacks {fmt_check}");
-    }
+        let bytes = std::fs::read(&out_path).unwrap();
+        if name.ends_with(".pb.gz") {
+            assert_eq!(&bytes[..2], &[0x1f, 0x8b], "gzip magic");
+        } else {
+            assert!(String::from_utf8_lossy(&bytes).contains(fmt_check), "{name} lacks {fmt_check}");
+        }
+    });
 }
 
 #[test]
 fn ctrl_c_writes_a_complete_profile() {
     let _serial = heavy();
-    let py = interpreters().into_iter().next().expect("an interpreter");
-    let dir = temp_dir("sigint");
-    for name in ["p.json", "p.svg"] {
+    let i = std::sync::atomic::AtomicUsize::new(0);
+    for_each_interpreter(|py| {
+        let dir = temp_dir("sigint");
+        let name = ["p.json", "p.svg"][i.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 2];
         let out_path = dir.join(name);
         let argv = py.argv("modes.py", &[]);
-        let mut child = Command::new(pyprof_bin())
+        let child = Command::new(pyprof_bin())
             .args(["record", "-r", "500", "-o", out_path.to_str().unwrap(), "--"])
             .args(&argv)
+            .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -178,7 +187,7 @@ fn ctrl_c_writes_a_complete_profile() {
             let text = std::fs::read_to_string(&out_path).unwrap();
             assert!(text.trim_end().ends_with("</svg>") && text.contains("spinning_main"));
         }
-    }
+    });
 }
 
 #[test]
@@ -234,4 +243,55 @@ fn bad_arguments_fail_fast_with_one_line() {
     let out = record(&["-q", "--", "sleep", "30"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("does not look like a Python program"), "{stderr}");
+}
+
+/// A target whose stack changes every few microseconds, sampled fast: every
+/// recorded stack must be one the program could have had. `level` frames
+/// stack at most 7 deep on top of `churn`, and every `level` but the
+/// innermost waits on its recursive call line.
+///
+/// Reading without stopping the target cannot be atomic; pyprof re-reads
+/// every link a stack relies on and drops the stack if any moved. On this
+/// adversarial target (the same frames re-entered every few hundred ns) a
+/// tear can still repeat identically across both reads, measured at about one
+/// stack in 150,000; without the re-read it was hundreds per run. The bound
+/// below (one in 20,000 over the whole matrix) fails on any real regression.
+#[test]
+fn torn_stacks_are_never_recorded() {
+    let _serial = heavy();
+    let script = std::fs::read_to_string(scripts_dir().join("churn.py")).unwrap();
+    let call_line = script.lines().position(|l| l.contains("return level(n + 1) + 1")).unwrap() as u32 + 1;
+    let totals = std::sync::Mutex::new((0u64, 0u64, Vec::new()));
+    for_each_interpreter(|py| {
+        let target = py.spawn("churn.py", &[]);
+        let dir = temp_dir("torn");
+        let out_path = dir.join("p.json");
+        let out = record(&["--pid", &target.pid().to_string(), "-r", "5k", "-d", "1", "-q", "-o", out_path.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let p = read_profile(&out_path);
+        // Most snapshots of this target tear and are rightly dropped; but
+        // dropping everything would pass the checks below trivially.
+        assert!(p.meta.samples > 500, "only {} samples kept (errors {:?})", p.meta.samples, p.meta.errors);
+        let mut bad = 0;
+        let mut example = None;
+        for s in &p.stacks {
+            let f: Vec<_> = s.frames.iter().map(|&i| &p.frames[i as usize]).collect();
+            let names: Vec<&str> = f.iter().map(|x| x.function.as_str()).collect();
+            let levels = names.iter().filter(|n| **n == "level").count();
+            let ok_prefix = (names.len() >= 2 && names[0] == "<module>" && names[1] == "churn") || names == ["<module>"];
+            let ok_levels = levels <= 7 && names[2.min(names.len())..].iter().all(|n| *n == "level");
+            let ok_lines = f.iter().enumerate().skip(2).all(|(i, fr)| i + 1 == f.len() || fr.line == Some(call_line));
+            if !(ok_prefix && ok_levels && ok_lines) {
+                bad += s.count;
+                example.get_or_insert(format!("{}: {:?}", py.label, f.iter().map(|x| (x.function.as_str(), x.line)).collect::<Vec<_>>()));
+            }
+        }
+        let mut t = totals.lock().unwrap();
+        t.0 += p.meta.samples;
+        t.1 += bad;
+        t.2.extend(example);
+    });
+    let (samples, bad, examples) = totals.into_inner().unwrap();
+    eprintln!("torn stacks recorded: {bad} of {samples} samples");
+    assert!(bad * 20_000 <= samples, "{bad} impossible stacks in {samples} samples, e.g. {examples:?}");
 }

@@ -83,6 +83,29 @@ impl Prefetcher {
         }
     }
 
+    /// Read one more range now and serve it for the rest of this sample, for
+    /// what is known to be needed before the walk asks (a thread's frame
+    /// chunk). Best effort: a range that faults or overlaps one already held
+    /// is simply not added.
+    pub fn load(&self, mem: &VmReader, addr: u64, len: usize) {
+        let mut st = self.state.borrow_mut();
+        let end = addr.saturating_add(len as u64);
+        let i = st.ranges.partition_point(|r| r.0 < addr);
+        let overlaps_prev = i > 0 && st.ranges[i - 1].1 > addr;
+        let overlaps_next = i < st.ranges.len() && st.ranges[i].0 < end;
+        if overlaps_prev || overlaps_next {
+            return;
+        }
+        let off = st.data.len();
+        st.data.resize(off + len, 0);
+        let got = mem.read_partial(&mut [(addr, &mut st.data[off..])]);
+        if got != len {
+            st.data.truncate(off);
+            return;
+        }
+        st.ranges.insert(i, (addr, end, off));
+    }
+
     /// Turn what this sample read into the next sample's plan.
     pub fn end(&mut self) {
         let mut st = self.state.borrow_mut();

@@ -42,7 +42,9 @@ const MAX_ENTRIES: usize = 1 << 16;
 
 #[derive(Default)]
 pub struct CodeCache {
-    entries: HashMap<u64, (Fingerprint, Arc<CodeInfo>)>,
+    /// addr → (fingerprint, info, epoch of the snapshot that last validated it).
+    entries: HashMap<u64, (Fingerprint, Arc<CodeInfo>, u64)>,
+    epoch: u64,
     /// Type objects known to be `code` (there is one per interpreter build).
     code_types: Vec<u64>,
     head: Vec<u8>,
@@ -50,9 +52,22 @@ pub struct CodeCache {
 }
 
 impl CodeCache {
+    /// A new snapshot: entries must be re-validated once before reuse, and a
+    /// code object validated in this snapshot is not read again within it
+    /// (it cannot be freed while a frame we just read still references it).
+    pub fn begin_snapshot(&mut self) {
+        self.epoch += 1;
+    }
+
     pub fn get(&mut self, mem: &dyn RemoteMemory, o: &Offsets, addr: u64) -> Result<Arc<CodeInfo>> {
         if addr == 0 || addr % 8 != 0 {
             return Err(Error::Corrupt(format!("bad code pointer {addr:#x}")));
+        }
+        if let Some((_, info, epoch)) = self.entries.get(&addr) {
+            if *epoch == self.epoch {
+                self.stats.hits += 1;
+                return Ok(info.clone());
+            }
         }
         let mut head = std::mem::take(&mut self.head);
         head.resize(o.code.size as usize, 0);
@@ -67,8 +82,10 @@ impl CodeCache {
             linetable: field_u64(head, o.code.linetable as usize),
             firstlineno: field_u32(head, o.code.firstlineno as usize),
         };
-        if let Some((cached, info)) = self.entries.get(&addr) {
+        let epoch = self.epoch;
+        if let Some((cached, info, seen)) = self.entries.get_mut(&addr) {
             if *cached == fp {
+                *seen = epoch;
                 self.stats.hits += 1;
                 return Ok(info.clone());
             }
@@ -85,7 +102,7 @@ impl CodeCache {
         if self.entries.len() >= MAX_ENTRIES {
             self.entries.clear();
         }
-        self.entries.insert(addr, (fp, info.clone()));
+        self.entries.insert(addr, (fp, info.clone(), epoch));
         Ok(info)
     }
 

@@ -25,6 +25,14 @@ pub struct Frame {
 #[derive(Default)]
 pub struct FrameWalker {
     buf: Vec<u8>,
+    /// Every link a walk relied on, for [`FrameWalker::verify`]:
+    /// (address of the field's bytes, value read).
+    links: Vec<(u64, u64)>,
+    /// Indices in `links` of the current-frame pointers (re-read twice).
+    heads: Vec<usize>,
+    /// Links of the last snapshot that passed verification.
+    verified: Vec<(u64, u64)>,
+    check: Vec<u8>,
 }
 
 /// Brent's cycle detection: O(1) memory and a compare per frame, instead of a
@@ -55,6 +63,58 @@ impl CycleCheck {
 }
 
 impl FrameWalker {
+    /// Forget the links of the previous snapshot.
+    pub fn begin(&mut self) {
+        self.links.clear();
+        self.heads.clear();
+    }
+
+    /// Remember that the word at `addr` held `value` (e.g. a thread's
+    /// current-frame pointer) so [`verify`](Self::verify) re-checks it.
+    pub fn note(&mut self, addr: u64, value: u64) {
+        self.heads.push(self.links.len());
+        self.links.push((addr, value));
+    }
+
+    /// Seqlock-style check that the stacks just walked existed as one: re-read,
+    /// in a single syscall, every word the walks followed (current-frame
+    /// pointers, each frame's back pointer, code and instruction) and demand
+    /// they are unchanged. A walk that raced the target (frames popped and
+    /// reused under it, which can splice two stacks into one that never
+    /// existed) fails here and is retried or counted, never recorded.
+    pub fn verify(&mut self, mem: &crate::process::memory::VmReader) -> Result<()> {
+        // Every word equal to those of the last verified snapshot: this is a
+        // stack already proven to exist (only the innermost line may differ,
+        // and that one is never checked). Steady programs stay at one read.
+        if self.links == self.verified {
+            return Ok(());
+        }
+        // Order matters. Each thread's current-frame pointer is read first and
+        // again last, its frames in between: a torn stack then passes only if
+        // the target popped the callee, returned from and re-entered the
+        // caller, and called the same frame again, all within this one
+        // syscall (frames read *before* the pointer would instead let plain
+        // forward progress, caller-then-call, confirm a tear).
+        let n = self.links.len();
+        self.check.resize((n + self.heads.len()) * 8, 0);
+        let (main, tail) = self.check.split_at_mut(n * 8);
+        let mut reqs: Vec<(u64, &mut [u8])> = self.links.iter().map(|&(a, _)| a).zip(main.chunks_mut(8)).collect();
+        reqs.extend(self.heads.iter().map(|&i| self.links[i].0).zip(tail.chunks_mut(8)));
+        let want = reqs.len() * 8;
+        if mem.read_partial(&mut reqs) != want {
+            return Err(Error::Corrupt("stack changed while read (memory gone)".into()));
+        }
+        drop(reqs);
+        let expected = self.links.iter().map(|&(a, v)| (a, v)).chain(self.heads.iter().map(|&i| self.links[i]));
+        for (i, (addr, value)) in expected.enumerate() {
+            if field_u64(&self.check, i * 8) != value {
+                return Err(Error::Corrupt(format!("stack changed while read (word at {addr:#x})")));
+            }
+        }
+        self.verified.clone_from(&self.links);
+        Ok(())
+    }
+
     pub fn walk(
         &mut self,
         mem: &dyn RemoteMemory,
@@ -66,6 +126,7 @@ impl FrameWalker {
         self.buf.resize(o.frame.size as usize, 0);
         let mut cycle = CycleCheck::new();
         let mut visited = 0usize;
+        let mut first = true;
         while frame != 0 {
             visited += 1;
             if visited > MAX_DEPTH {
@@ -77,7 +138,25 @@ impl FrameWalker {
             mem.read(frame, &mut self.buf)?;
             let buf = &self.buf;
             let previous = field_u64(buf, o.frame.previous as usize);
-            let code_addr = field_u64(buf, o.frame.code as usize) & !o.constants.executable_tag_mask;
+            let code_raw = field_u64(buf, o.frame.code as usize);
+            let code_addr = code_raw & !o.constants.executable_tag_mask;
+            self.links.push((frame + o.frame.previous, previous));
+            self.links.push((frame + o.frame.code, code_raw));
+            // A caller's instruction is parked on its call and must not move;
+            // the innermost frame's moves all the time (3.13+ store it on every
+            // instruction) and cannot make a stack impossible, so it is not checked.
+            // (f_lasti is an int: its 8-byte word also covers a neighbour, harmlessly.)
+            if !first {
+                self.links.push((frame + o.frame.instr, field_u64(buf, o.frame.instr as usize)));
+            }
+            first = false;
+            if o.layout.frame == FrameKind::FrameObject {
+                // ≤ 3.10 frame objects are recycled (zombie frames, free list):
+                // a freed one has refcount 0 (ob_refcnt leads PyObject_HEAD).
+                if field_u64(buf, 0) == 0 {
+                    return Err(Error::Corrupt(format!("frame {frame:#x} was freed while read")));
+                }
+            }
 
             if o.layout.frame == FrameKind::InterpreterFrame {
                 if let Some(owner_off) = o.frame.owner {

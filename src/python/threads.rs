@@ -18,6 +18,9 @@ pub struct ThreadState {
     pub native_id: Option<u64>,
     /// Innermost frame (already followed through `_PyCFrame` where needed).
     pub frame: u64,
+    /// Where `frame` was read from (the thread state's field or the
+    /// `_PyCFrame`'s), so a snapshot can check it did not move meanwhile.
+    pub frame_field: u64,
 }
 
 /// Every thread state of every interpreter, in interpreter order.
@@ -43,8 +46,10 @@ pub fn thread_states(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, out: &mu
                 return Err(Error::Corrupt(format!("thread state {ts:#x} belongs to {owner:#x}, not {interp:#x}")));
             }
             let mut frame = field_u64(&buf, o.thread.current_frame as usize);
+            let mut frame_field = ts + o.thread.current_frame;
             if let (Some(cf), true) = (o.thread.cframe_current_frame, frame != 0) {
-                frame = mem.read_u64(frame + cf)?;
+                frame_field = frame + cf;
+                frame = mem.read_u64(frame_field)?;
             }
             out.push(ThreadState {
                 addr: ts,
@@ -52,6 +57,7 @@ pub fn thread_states(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, out: &mu
                 thread_id: field_u64(&buf, o.thread.thread_id as usize),
                 native_id: o.thread.native_thread_id.map(|off| field_u64(&buf, off as usize)),
                 frame,
+                frame_field,
             });
             ts = field_u64(&buf, o.thread.next as usize);
         }

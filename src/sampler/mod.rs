@@ -72,6 +72,9 @@ pub struct SamplerStats {
     pub samples: u64,
     pub late: u64,
     pub skipped: u64,
+    /// Snapshots that tore and succeeded on the immediate retry.
+    pub retried: u64,
+    /// Snapshots lost, by kind of failure.
     pub errors: BTreeMap<String, u64>,
     pub elapsed: Duration,
     pub syscalls: u64,
@@ -161,8 +164,11 @@ pub fn run(
             if matches!(&result, Err(e) if e.is_transient()) {
                 // One immediate retry: a torn read usually means the stack moved
                 // under us, and a fresh read a few µs later is consistent again.
-                *stats.errors.entry(error_kind(result.as_ref().unwrap_err()).to_string()).or_insert(0) += 1;
+                // Only a failed retry loses the sample and counts as an error.
                 result = s.snapshot(needs);
+                if result.is_ok() {
+                    stats.retried += 1;
+                }
             }
             match result {
                 Ok(threads) => {
