@@ -30,6 +30,8 @@ pub enum Command {
     Dump(DumpArgs),
     /// Sample a running process (--pid) or a command (-- CMD ...) into a profile.
     Record(RecordArgs),
+    /// Compare two profiles; exit 1 on a significant regression (CI gate, docs/ci.md).
+    Diff(DiffArgs),
 }
 
 #[derive(Args, Debug)]
@@ -138,6 +140,98 @@ impl RecordArgs {
             quiet: self.quiet,
             attach: self.attach.options(),
         })
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct DiffArgs {
+    /// Profile of the base (pyprof JSON from `record --format json`, or collapsed stacks).
+    pub base: PathBuf,
+
+    /// Profile of the change, same kinds as BASE.
+    pub new: PathBuf,
+
+    /// Smallest growth that counts, in percentage points of all samples.
+    #[arg(long, value_name = "PP", default_value_t = crate::diff::DEFAULT_THRESHOLD_PP, value_parser = parse_threshold)]
+    pub threshold: f64,
+
+    /// Family-wise significance level (Holm-corrected over every function compared).
+    #[arg(long, default_value_t = crate::diff::DEFAULT_ALPHA, value_parser = parse_alpha)]
+    pub alpha: f64,
+
+    /// Compare lines instead of functions.
+    #[arg(long)]
+    pub lines: bool,
+
+    /// Remove this prefix from file paths before matching (repeatable).
+    #[arg(long, value_name = "PREFIX")]
+    pub strip_prefix: Vec<String>,
+
+    /// Project root: file paths under it are compared relative to it (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+
+    /// Variance inflation for correlated samples (default: max(4, rate × 4 ms) per profile).
+    #[arg(long, value_name = "FACTOR", value_parser = parse_design_effect)]
+    pub design_effect: Option<f64>,
+
+    /// Rows per table in the text and Markdown reports.
+    #[arg(long, value_name = "N", default_value_t = crate::diff::DEFAULT_TOP)]
+    pub top: usize,
+
+    /// Also write a Markdown report (for a pull-request comment).
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
+
+    /// Also write a JSON report (schema in docs/ci.md).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Also write a differential flame graph SVG (red grew, blue shrank).
+    #[arg(long, value_name = "FILE")]
+    pub flamegraph: Option<PathBuf>,
+}
+
+impl DiffArgs {
+    pub fn into_config(self) -> anyhow::Result<crate::diff::DiffConfig> {
+        let root = self.root.or_else(|| std::env::current_dir().ok());
+        Ok(crate::diff::DiffConfig {
+            base: self.base,
+            new: self.new,
+            threshold_pp: self.threshold,
+            alpha: self.alpha,
+            keys: crate::diff::keys::KeyOptions {
+                lines: self.lines,
+                strip_prefixes: self.strip_prefix,
+                root: root.map(|r| r.to_string_lossy().into_owned()),
+            },
+            design_effect: self.design_effect,
+            top: self.top,
+            markdown: self.markdown,
+            json: self.json,
+            flamegraph: self.flamegraph,
+        })
+    }
+}
+
+fn parse_threshold(s: &str) -> Result<f64, String> {
+    match s.trim().trim_end_matches("pp").trim().parse::<f64>() {
+        Ok(v) if (0.0..100.0).contains(&v) => Ok(v),
+        _ => Err(format!("threshold must be percentage points from 0 to 100, got {s:?}")),
+    }
+}
+
+fn parse_alpha(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v < 1.0 => Ok(v),
+        _ => Err(format!("alpha must be between 0 and 1, got {s:?}")),
+    }
+}
+
+fn parse_design_effect(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v >= 1.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("design effect must be a number of at least 1, got {s:?}")),
     }
 }
 

@@ -14,6 +14,7 @@
 pub mod attach;
 pub mod binary;
 pub mod cli;
+pub mod diff;
 pub mod dump;
 pub mod error;
 pub mod offsets;
@@ -45,5 +46,6 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Record(args) => record::run(&args.into_config()?),
+        Command::Diff(args) => diff::run(&args.into_config()?),
     }
 }
