@@ -32,11 +32,28 @@ pub enum LastiUnit {
     InstrPtr,
 }
 
+/// Where an instance of a Python class keeps its attributes (`[layout] instance_dict`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceDict {
+    /// ≤ 3.10: a dict pointer at `obj + tp_dictoffset`.
+    DictOffset,
+    /// 3.11: a values pointer and a dict pointer in the pre-header, before
+    /// the object; values use the type's shared keys (`ht_cached_keys`).
+    ManagedValuesPreheader,
+    /// 3.12: one pre-header word, the dict or (tagged) the values.
+    ManagedTaggedPreheader,
+    /// 3.13+: values inline at `obj + tp_basicsize` (while `valid`), a
+    /// materialized dict pointer in the pre-header.
+    InlineValues,
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct Layout {
     pub frame: FrameKind,
     pub linetable: LineTableKind,
     pub lasti: LastiUnit,
+    /// None when the file predates the key: thread names are then unavailable.
+    pub instance_dict: Option<InstanceDict>,
 }
 
 /// Where the GIL's `locked` and `last_holder` live, relative to the struct that embeds it.
@@ -114,6 +131,90 @@ pub struct ObjectOffsets {
     pub unicode_compact_size: u64,
 }
 
+/// One dict entry layout: `PyDictKeyEntry` or (3.11+) `PyDictUnicodeEntry`.
+#[derive(Debug, Clone, Copy)]
+pub struct EntryLayout {
+    pub size: u64,
+    pub key: u64,
+    pub value: u64,
+}
+
+/// How `PyDictKeysObject` sizes its index table.
+#[derive(Debug, Clone, Copy)]
+pub enum KeysSize {
+    /// ≤ 3.10: `dk_size` (a Py_ssize_t); index width follows from it.
+    Size { dk_size: u64 },
+    /// 3.11+: `dk_log2_size` and `dk_log2_index_bytes` (u8 each), and
+    /// `dk_kind` choosing the entry layout.
+    Log2 { log2_size: u64, log2_index_bytes: u64, kind: u64 },
+}
+
+/// `PyLongObject`'s digit count and sign.
+#[derive(Debug, Clone, Copy)]
+pub enum LongHeader {
+    /// ≤ 3.11: `ob_size`, the signed digit count.
+    ObSize(u64),
+    /// 3.12+: `lv_tag` = digits << non_size_bits | sign.
+    LvTag { offset: u64, non_size_bits: u64, sign_mask: u64, sign_negative: u64 },
+}
+
+/// Everything [`crate::python::thread_names`] needs: sys.modules → threading
+/// → `_active` (ident → Thread) → `Thread._name`. None when the offsets file
+/// or the target lacks any of it.
+#[derive(Debug, Clone)]
+pub struct NameOffsets {
+    pub instance_dict: InstanceDict,
+    /// `interp->modules` (≤ 3.11) / `interp->imports.modules`: sys.modules.
+    pub imports_modules: u64,
+    pub type_size: u64,
+    pub tp_flags: u64,
+    pub tp_basicsize: u64,
+    pub tp_dictoffset: u64,
+    pub heap_type_size: u64,
+    pub ht_cached_keys: u64,
+    pub dict_size: u64,
+    pub ma_keys: u64,
+    pub ma_values: u64,
+    pub keys_header_size: u64,
+    pub keys_size: KeysSize,
+    pub dk_nentries: u64,
+    pub dk_indices: u64,
+    pub entry: EntryLayout,
+    /// 3.11+: entries of unicode-only (and split) keys.
+    pub unicode_entry: Option<EntryLayout>,
+    /// `dict_keys_general` (3.11+): keys of this kind use [`Self::entry`].
+    pub keys_general: Option<u64>,
+    /// Offset of the `PyObject *` array in `PyDictValues`; 0 for ≤ 3.10,
+    /// where `ma_values` is that array itself.
+    pub values_array: u64,
+    /// 3.13+: `PyDictValues.capacity` and `.valid` (u8 each).
+    pub values_capacity: Option<u64>,
+    pub values_valid: Option<u64>,
+    pub module_size: u64,
+    pub md_dict: u64,
+    pub long_size: u64,
+    pub long_header: LongHeader,
+    pub ob_digit: u64,
+    pub digit_size: u64,
+    pub pylong_shift: u64,
+    /// Bits of `PyASCIIObject.state` (`unicode_state_*_mask`).
+    pub unicode_kind_mask: u32,
+    pub unicode_compact_mask: u32,
+    pub unicode_ascii_mask: u32,
+    pub tpflags_heaptype: u64,
+    pub tpflags_long_subclass: u64,
+    pub tpflags_unicode_subclass: u64,
+    pub tpflags_dict_subclass: u64,
+    pub tpflags_managed_dict: Option<u64>,
+    pub tpflags_inline_values: Option<u64>,
+    /// 3.11+: bytes before the object of the managed dict (3.12: dict-or-values) word.
+    pub managed_dict_preheader: Option<u64>,
+    /// 3.11: bytes before the object of the values pointer.
+    pub managed_values_preheader: Option<u64>,
+    /// 3.12: the low bit marking the pre-header word as values (stored as values - tag).
+    pub managed_values_tag: Option<u64>,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Constants {
     /// Owners from this value up are not Python code: C-stack shim frames
@@ -135,6 +236,8 @@ pub struct Offsets {
     pub code: CodeOffsets,
     pub object: ObjectOffsets,
     pub constants: Constants,
+    /// Thread names from `threading`; None when some offset is missing or implausible.
+    pub names: Option<NameOffsets>,
     /// Where the numbers came from, for `--verbose` and bug reports.
     pub provenance: String,
 }
@@ -187,6 +290,7 @@ impl Offsets {
                 owner: f.opt("interpreter_frame.owner"),
             },
         };
+        let names = layout.instance_dict.and_then(|kind| name_offsets(&f, kind));
         let offsets = Offsets {
             layout,
             runtime: RuntimeOffsets {
@@ -233,11 +337,14 @@ impl Offsets {
                 unicode_compact_size: f.get("unicode_object.compact_size")?,
             },
             constants,
+            names: None,
             version,
             provenance,
         };
         offsets.validate()?;
-        Ok(offsets)
+        // Names are optional: missing or implausible offsets switch them off
+        // instead of refusing to attach.
+        Ok(Offsets { names: names.filter(|n| n.validate(&offsets.object).is_ok()), ..offsets })
     }
 
     /// Once per attach: every field with its width lies inside the struct it
@@ -288,6 +395,156 @@ impl Offsets {
         }
         if self.layout.lasti == LastiUnit::InstrPtr && c.code_adaptive.is_none() {
             return Err(bad("instr_ptr frames need code_object.co_code_adaptive".into()));
+        }
+        Ok(())
+    }
+}
+
+/// `[constants]` entries reach the field map as `constants.NAME` (non-negative only).
+fn name_offsets(f: &Fields, instance_dict: InstanceDict) -> Option<NameOffsets> {
+    let c = |k: &str| f.opt(&format!("constants.{k}"));
+    let keys_size = match f.opt("dict_keys.dk_size") {
+        Some(dk_size) => KeysSize::Size { dk_size },
+        None => KeysSize::Log2 {
+            log2_size: f.opt("dict_keys.dk_log2_size")?,
+            log2_index_bytes: f.opt("dict_keys.dk_log2_index_bytes")?,
+            kind: f.opt("dict_keys.dk_kind")?,
+        },
+    };
+    let long_header = match f.opt("long_object.lv_tag") {
+        Some(offset) => LongHeader::LvTag {
+            offset,
+            non_size_bits: c("long_non_size_bits")?,
+            sign_mask: c("long_sign_mask")?,
+            sign_negative: c("long_sign_negative")?,
+        },
+        None => LongHeader::ObSize(f.opt("long_object.ob_size")?),
+    };
+    let entry = |sec: &str| -> Option<EntryLayout> {
+        Some(EntryLayout { size: f.opt(&format!("{sec}.size"))?, key: f.opt(&format!("{sec}.me_key"))?, value: f.opt(&format!("{sec}.me_value"))? })
+    };
+    let unicode_entry = entry("dict_unicode_entry");
+    let keys_general = c("dict_keys_general");
+    if matches!(keys_size, KeysSize::Log2 { .. }) && (unicode_entry.is_none() || keys_general.is_none()) {
+        return None;
+    }
+    let n = NameOffsets {
+        instance_dict,
+        imports_modules: f.opt("interpreter_state.imports_modules")?,
+        type_size: f.opt("type_object.size")?,
+        tp_flags: f.opt("type_object.tp_flags")?,
+        tp_basicsize: f.opt("type_object.tp_basicsize")?,
+        tp_dictoffset: f.opt("type_object.tp_dictoffset")?,
+        heap_type_size: f.opt("heap_type_object.size")?,
+        ht_cached_keys: f.opt("heap_type_object.ht_cached_keys")?,
+        dict_size: f.opt("dict_object.size")?,
+        ma_keys: f.opt("dict_object.ma_keys")?,
+        ma_values: f.opt("dict_object.ma_values")?,
+        keys_header_size: f.opt("dict_keys.size")?,
+        keys_size,
+        dk_nentries: f.opt("dict_keys.dk_nentries")?,
+        dk_indices: f.opt("dict_keys.dk_indices")?,
+        entry: entry("dict_entry")?,
+        unicode_entry,
+        keys_general,
+        values_array: f.opt("dict_values.values").unwrap_or(0),
+        values_capacity: f.opt("dict_values.capacity"),
+        values_valid: f.opt("dict_values.valid"),
+        module_size: f.opt("module_object.size")?,
+        md_dict: f.opt("module_object.md_dict")?,
+        long_size: f.opt("long_object.size")?,
+        long_header,
+        ob_digit: f.opt("long_object.ob_digit")?,
+        digit_size: f.opt("long_object.digit_size")?,
+        pylong_shift: c("pylong_shift")?,
+        unicode_kind_mask: u32::try_from(c("unicode_state_kind_mask")?).ok()?,
+        unicode_compact_mask: u32::try_from(c("unicode_state_compact_mask")?).ok()?,
+        unicode_ascii_mask: u32::try_from(c("unicode_state_ascii_mask")?).ok()?,
+        tpflags_heaptype: c("tpflags_heaptype")?,
+        tpflags_long_subclass: c("tpflags_long_subclass")?,
+        tpflags_unicode_subclass: c("tpflags_unicode_subclass")?,
+        tpflags_dict_subclass: c("tpflags_dict_subclass")?,
+        tpflags_managed_dict: c("tpflags_managed_dict"),
+        tpflags_inline_values: c("tpflags_inline_values"),
+        managed_dict_preheader: c("managed_dict_preheader"),
+        managed_values_preheader: c("managed_values_preheader"),
+        managed_values_tag: c("managed_values_tag"),
+    };
+    // What each strategy needs beyond the common fields.
+    let ok = match instance_dict {
+        InstanceDict::DictOffset => true,
+        InstanceDict::ManagedValuesPreheader => {
+            n.tpflags_managed_dict.is_some() && n.managed_dict_preheader.is_some() && n.managed_values_preheader.is_some()
+        }
+        InstanceDict::ManagedTaggedPreheader => {
+            n.tpflags_managed_dict.is_some() && n.managed_dict_preheader.is_some() && n.managed_values_tag.is_some()
+        }
+        InstanceDict::InlineValues => {
+            n.tpflags_managed_dict.is_some()
+                && n.tpflags_inline_values.is_some()
+                && n.managed_dict_preheader.is_some()
+                && n.values_valid.is_some()
+                && n.values_capacity.is_some()
+        }
+    };
+    ok.then_some(n)
+}
+
+impl NameOffsets {
+    /// Same rule as [`Offsets::validate`]: every field lies inside its struct.
+    fn validate(&self, obj: &ObjectOffsets) -> std::result::Result<(), String> {
+        const MAX_STRUCT: u64 = 1 << 16;
+        let check = |what: &str, size: u64, fields: &[(&str, u64, u64)]| -> std::result::Result<(), String> {
+            if size == 0 || size > MAX_STRUCT {
+                return Err(format!("{what}.size = {size}"));
+            }
+            for &(name, off, width) in fields {
+                if off.checked_add(width).is_none_or(|end| end > size) {
+                    return Err(format!("{what}.{name} = {off} outside {size}"));
+                }
+            }
+            Ok(())
+        };
+        check("type_object", self.type_size, &[("ob_type", obj.ob_type, 8), ("tp_flags", self.tp_flags, 8), ("tp_basicsize", self.tp_basicsize, 8), ("tp_dictoffset", self.tp_dictoffset, 8)])?;
+        check("heap_type_object", self.heap_type_size, &[("ht_cached_keys", self.ht_cached_keys, 8)])?;
+        if self.heap_type_size < self.type_size {
+            return Err("heap type smaller than type".into());
+        }
+        check("dict_object", self.dict_size, &[("ob_type", obj.ob_type, 8), ("ma_keys", self.ma_keys, 8), ("ma_values", self.ma_values, 8)])?;
+        let mut kf = vec![("dk_nentries", self.dk_nentries, 8), ("dk_indices", self.dk_indices, 0)];
+        match self.keys_size {
+            KeysSize::Size { dk_size } => kf.push(("dk_size", dk_size, 8)),
+            KeysSize::Log2 { log2_size, log2_index_bytes, kind } => {
+                kf.extend([("dk_log2_size", log2_size, 1), ("dk_log2_index_bytes", log2_index_bytes, 1), ("dk_kind", kind, 1)])
+            }
+        }
+        check("dict_keys", self.keys_header_size, &kf)?;
+        for (what, e) in std::iter::once(("dict_entry", self.entry)).chain(self.unicode_entry.map(|e| ("dict_unicode_entry", e))) {
+            check(what, e.size, &[("me_key", e.key, 8), ("me_value", e.value, 8)])?;
+        }
+        if self.values_array > 64 || self.values_capacity.is_some_and(|o| o >= self.values_array) || self.values_valid.is_some_and(|o| o >= self.values_array) {
+            return Err("dict_values offsets are implausible".into());
+        }
+        check("module_object", self.module_size, &[("ob_type", obj.ob_type, 8), ("md_dict", self.md_dict, 8)])?;
+        let lh = match self.long_header {
+            LongHeader::ObSize(o) => o,
+            LongHeader::LvTag { offset, non_size_bits, sign_mask, .. } => {
+                if non_size_bits == 0 || non_size_bits > 8 || sign_mask >= 1 << non_size_bits {
+                    return Err("lv_tag constants are implausible".into());
+                }
+                offset
+            }
+        };
+        check("long_object", self.long_size, &[("ob_type", obj.ob_type, 8), ("header", lh, 8), ("ob_digit", self.ob_digit, 0)])?;
+        if !matches!(self.digit_size, 2 | 4) || self.pylong_shift == 0 || self.pylong_shift > 8 * self.digit_size {
+            return Err("digit size / PyLong_SHIFT are implausible".into());
+        }
+        if [self.unicode_kind_mask, self.unicode_compact_mask, self.unicode_ascii_mask].contains(&0) {
+            return Err("unicode state masks are empty".into());
+        }
+        let pre = [self.managed_dict_preheader, self.managed_values_preheader];
+        if pre.iter().flatten().any(|&p| p == 0 || p > 64 || p % 8 != 0) {
+            return Err("pre-header offsets are implausible".into());
         }
         Ok(())
     }

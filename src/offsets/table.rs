@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Constants, FieldMap, FrameKind, LastiUnit, Layout};
+use super::{Constants, FieldMap, FrameKind, InstanceDict, LastiUnit, Layout};
 use crate::python::linetable::LineTableKind;
 
 const FILES: &[(u32, &str)] = &[
@@ -60,6 +60,15 @@ pub fn parse(minor: u32, text: &str) -> Result<VersionFile, String> {
             "instr_ptr" => LastiUnit::InstrPtr,
             other => return Err(format!("unknown lasti unit {other}")),
         },
+        // Optional: without it the walker works and thread names are off.
+        instance_dict: match str_of("layout", "instance_dict").as_deref() {
+            None => None,
+            Some("dictoffset") => Some(InstanceDict::DictOffset),
+            Some("managed_values_preheader") => Some(InstanceDict::ManagedValuesPreheader),
+            Some("managed_tagged_preheader") => Some(InstanceDict::ManagedTaggedPreheader),
+            Some("inline_values") => Some(InstanceDict::InlineValues),
+            Some(other) => return Err(format!("unknown instance_dict layout {other}")),
+        },
     };
     let provenance = ["python", "source", "applies_to"]
         .iter()
@@ -76,7 +85,13 @@ pub fn parse(minor: u32, text: &str) -> Result<VersionFile, String> {
             "provenance" | "layout" => {}
             "constants" => {
                 for (k, v) in table {
-                    consts.insert(k.clone(), v.as_integer().ok_or(format!("constant {k} is not an integer"))?);
+                    let n = v.as_integer().ok_or(format!("constant {k} is not an integer"))?;
+                    consts.insert(k.clone(), n);
+                    // Also as a field, so Offsets::build sees constants the same
+                    // way from a file and from the 3.13+ merged map.
+                    if let Ok(n) = u64::try_from(n) {
+                        fields.insert(format!("constants.{k}"), n);
+                    }
                 }
             }
             "debug_offsets" => {
@@ -101,6 +116,29 @@ pub fn parse(minor: u32, text: &str) -> Result<VersionFile, String> {
     Ok(VersionFile { minor, provenance, layout, fields, constants, debug_fields })
 }
 
+/// The offsets a default build of 3.`minor` has, without a target: the file,
+/// plus for 3.13+ the `_Py_DebugOffsets` values its comments record.
+#[cfg(test)]
+pub(crate) fn offsets_for_tests(minor: u32) -> super::Offsets {
+    let file = for_minor(minor).unwrap().unwrap();
+    let mut fields = file.fields.clone();
+    if let Some(names) = &file.debug_fields {
+        let text = FILES.iter().find(|&&(m, _)| m == minor).unwrap().1;
+        for line in text.lines().filter(|l| l.trim_start().starts_with('"') && l.contains("# [")) {
+            let name = line.split('"').nth(1).unwrap();
+            let value = line.rsplit('=').next().unwrap().trim();
+            let value = match value.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16).unwrap(),
+                None => value.parse().unwrap(),
+            };
+            assert!(names.iter().any(|n| n == name));
+            fields.insert(name.to_string(), value);
+        }
+    }
+    let v = crate::binary::version::PythonVersion { major: 3, minor, patch: 0, release: String::new() };
+    super::Offsets::build(v, file.layout, &fields, file.constants.clone(), file.provenance.clone()).unwrap_or_else(|e| panic!("3.{minor}: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,6 +154,17 @@ mod tests {
             } else {
                 assert!(file.debug_fields.as_ref().unwrap().len() > 20, "3.{minor}");
             }
+        }
+    }
+
+    /// Every file carries what thread names need: for 3.8–3.12 the file alone
+    /// builds [`super::super::NameOffsets`]; for 3.13+ the file plus the
+    /// `_Py_DebugOffsets` words its comments record (the header defaults).
+    #[test]
+    fn every_embedded_file_has_thread_name_offsets() {
+        for minor in supported_minors() {
+            assert!(for_minor(minor).unwrap().unwrap().layout.instance_dict.is_some(), "3.{minor}: [layout] instance_dict");
+            assert!(offsets_for_tests(minor).names.is_some(), "3.{minor}: thread-name offsets incomplete");
         }
     }
 }

@@ -4,4 +4,5 @@ pub mod code;
 pub mod frames;
 pub mod linetable;
 pub mod strings;
+pub mod thread_names;
 pub mod threads;

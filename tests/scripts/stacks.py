@@ -97,6 +97,7 @@ def report(expected_threads):
         time.sleep(0.01)
     me = threading.get_ident()
     natives = {t.ident: t.native_id for t in threading.enumerate()}
+    names = {t.ident: t.name for t in threading.enumerate()}
     prev = None
     while True:
         time.sleep(0.2)
@@ -104,7 +105,7 @@ def report(expected_threads):
         if snap == prev:
             break
         prev = snap
-    threads = [{"native_id": natives.get(i), "frames": s} for i, s in snap.items()]
+    threads = [{"native_id": natives.get(i), "name": names.get(i), "frames": s} for i, s in snap.items()]
     print(json.dumps({"pid": __import__("os").getpid(), "threads": threads}), flush=True)
 
 
@@ -114,7 +115,7 @@ workers = [
     threading.Thread(target=recurse, args=(200,), name="recursive", daemon=True),
     threading.Thread(target=consume_gen, name="generator", daemon=True),
     threading.Thread(target=run_coro, name="coroutine", daemon=True),
-    threading.Thread(target=ünïcødé_模块.функция_λ, name="unicode", daemon=True),
+    threading.Thread(target=ünïcødé_模块.функция_λ, name="ünïcødé-名前", daemon=True),
 ]
 for w in workers:
     w.start()

@@ -14,7 +14,11 @@ reads the target the way pyprof will, with nothing but the .toml file:
     the union of the file's and the target's offsets, and checks the walk
     closes up: tstate->interp points back, native_thread_id is a task of PID,
     instr_ptr lies inside co_code_adaptive, ob_type of the code is "code",
-    the GIL holder (if locked) is one of the threads.
+    the GIL holder (if locked) is one of the threads;
+  * reads every thread's name the way pyprof does (sys.modules -> threading
+    -> _active -> Thread._name, per [layout] instance_dict), with its own
+    dict/int/attribute code, and checks a thread is named "MainThread" and
+    every ident in _active is a thread state's thread_id.
 
 Usage (as root, Python 3.11+ for tomllib):
     check-live.py PID offsets/cpython-3.X.toml
@@ -24,7 +28,7 @@ keeps the GIL held):
 def spin():
     while True: pass
 def schläft(): time.sleep(300)
-threading.Thread(target=spin, daemon=True).start(); schläft()'
+threading.Thread(target=spin, daemon=True, name="spinner-ß").start(); schläft()'
 """
 import os
 import struct
@@ -114,6 +118,94 @@ class Mem:
     def cstr(self, a, n=64):
         b = self.read(a, n)
         return b.split(b"\0")[0].decode(errors="replace")
+
+
+def thread_names(mem, f, const, strategy, interp, pystr):
+    g = lambda k: f[k]
+    def tp(obj):
+        return mem.u64(obj + g("pyobject.ob_type"))
+    def flags(obj):
+        return mem.u64(tp(obj) + g("type_object.tp_flags"))
+
+    def entries(keys):
+        n = mem.i64(keys + g("dict_keys.dk_nentries"))
+        assert 0 <= n < 1 << 16, n
+        if "dict_keys.dk_size" in f:
+            size = mem.i64(keys + g("dict_keys.dk_size"))
+            width = 1 if size <= 0xff else 2 if size <= 0xffff else 4 if size <= 0xffffffff else 8
+            ix, sec = size * width, "dict_entry"
+        else:
+            ix = 1 << mem.u8(keys + g("dict_keys.dk_log2_index_bytes"))
+            kind = mem.u8(keys + g("dict_keys.dk_kind"))
+            sec = "dict_entry" if kind == const["dict_keys_general"] else "dict_unicode_entry"
+        at = keys + g("dict_keys.dk_indices") + ix
+        es = g(sec + ".size")
+        return [(mem.u64(at + i * es + g(sec + ".me_key")), mem.u64(at + i * es + g(sec + ".me_value"))) for i in range(n)]
+
+    def values_of(values, n):
+        if "dict_values.capacity" in f:
+            n = min(n, mem.u8(values + g("dict_values.capacity")))
+        base = values + f.get("dict_values.values", 0)
+        return [mem.u64(base + 8 * i) for i in range(n)]
+
+    def split(keys, values):
+        es = entries(keys)
+        vs = values_of(values, len(es))
+        return [(k, vs[i] if i < len(vs) else 0) for i, (k, _) in enumerate(es)]
+
+    def items(d):
+        assert flags(d) & const["tpflags_dict_subclass"], "not a dict"
+        keys, values = mem.u64(d + g("dict_object.ma_keys")), mem.u64(d + g("dict_object.ma_values"))
+        its = split(keys, values) if values else entries(keys)
+        return [(k, v) for k, v in its if k and v]
+
+    def s(obj):
+        return pystr(obj) if flags(obj) & const["tpflags_unicode_subclass"] else None
+
+    def get(its, name):
+        return next((v for k, v in its if s(k) == name), None)
+
+    def int_of(obj):
+        assert flags(obj) & const["tpflags_long_subclass"], "not an int"
+        if "long_object.lv_tag" in f:
+            tag = mem.u64(obj + g("long_object.lv_tag"))
+            n = tag >> const["long_non_size_bits"]
+        else:
+            n = mem.i64(obj + g("long_object.ob_size"))
+        ds = g("long_object.digit_size")
+        return sum(int.from_bytes(mem.read(obj + g("long_object.ob_digit") + i * ds, ds), "little") << (const["pylong_shift"] * i) for i in range(n))
+
+    def attr(obj, name):
+        t = tp(obj)
+        fl = mem.u64(t + g("type_object.tp_flags"))
+        if strategy == "dictoffset" or not fl & const.get("tpflags_managed_dict", 0):
+            off = mem.i64(t + g("type_object.tp_dictoffset"))
+            d = mem.u64(obj + off) if off > 0 else 0
+            return get(items(d), name) if d else None
+        shared = mem.u64(t + g("heap_type_object.ht_cached_keys"))
+        word = mem.u64(obj - const["managed_dict_preheader"])
+        if strategy == "managed_values_preheader":
+            values = mem.u64(obj - const["managed_values_preheader"])
+            if values:
+                return get(split(shared, values), name)
+        elif strategy == "managed_tagged_preheader":
+            if word & const["managed_values_tag"]:
+                return get(split(shared, word + const["managed_values_tag"]), name)
+        elif strategy == "inline_values":
+            if fl & const["tpflags_inline_values"]:
+                values = obj + mem.u64(t + g("type_object.tp_basicsize"))
+                if mem.u8(values + g("dict_values.valid")):
+                    return get(split(shared, values), name)
+        return get(items(word), name) if word else None
+
+    modules = mem.u64(interp + g("interpreter_state.imports_modules"))
+    threading = get(items(modules), "threading")
+    active = get(items(mem.u64(threading + g("module_object.md_dict"))), "_active")
+    out = {}
+    for k, thread in items(active):
+        name = attr(thread, "_name")
+        out[int_of(k)] = s(name) if name else None
+    return out
 
 
 def main():
@@ -308,6 +400,22 @@ def main():
         print(f"gil locked {locked} last_holder {holder:#x}")
         if locked not in (0, 1) or (holder and holder not in tstates):
             problems.append(f"GIL fields look wrong: locked {locked}, holder {holder:#x}")
+
+    # ---- thread names: sys.modules -> threading._active -> Thread._name ----
+    # An implementation independent of pyprof's, from the same .toml: dicts
+    # (combined / split, <= 3.10 dk_size / 3.11+ log2 + kind), ints, and the
+    # [layout] instance_dict strategy.
+    if "dict_keys.dk_indices" in f:
+        tnames = thread_names(mem, f, const, doc["layout"]["instance_dict"], interp, pystr)
+        tids = {mem.u64(t + g("thread_state.thread_id")): t for t in tstates}
+        for ident, name in sorted(tnames.items()):
+            print(f"thread {ident:#x}: {name!r}" + ("" if ident in tids else " (no thread state)"))
+        if "MainThread" not in tnames.values():
+            problems.append("no thread named MainThread in threading._active")
+        if not set(tnames) <= set(tids):
+            problems.append("threading._active has idents that are no thread state's thread_id")
+    else:
+        print("note: no thread-name offsets in this file")
 
     for n in ("schläft", "spin"):
         if n not in names_seen:

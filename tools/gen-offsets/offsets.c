@@ -44,12 +44,69 @@
 #  include "debug_init.h"                   /* from gen.sh: 3.13 initialiser text */
 #endif
 
+/* For thread names (sys.modules -> threading._active -> Thread._name): dicts,
+ * ints, modules and where an instance keeps its attributes. */
+#if PY_VERSION_HEX >= 0x030B0000
+#  include "internal/pycore_dict.h"         /* PyDictKeysObject, entries, PyDictValues */
+#  include "internal/pycore_object.h"       /* MANAGED_DICT_OFFSET and friends */
+#else
+#  include <longintrepr.h>                  /* PyLongObject, digit (not in Python.h <= 3.10) */
+/* 3.8 - 3.10 do not install Objects/dict-common.h: these are its structs,
+ * field for field (identical in 3.8.18, 3.9.18 and 3.10.13). The DWARF check
+ * in gen.sh proves them against the binary: gdb evaluates the same offsetof
+ * expressions against the library's own debug info. */
+typedef Py_ssize_t (*dict_lookup_func)(PyDictObject *mp, PyObject *key,
+                                       Py_hash_t hash, PyObject **value_addr);
+typedef struct {
+    Py_hash_t me_hash;
+    PyObject *me_key;
+    PyObject *me_value;   /* only meaningful for combined tables */
+} PyDictKeyEntry;
+struct _dictkeysobject {
+    Py_ssize_t dk_refcnt;
+    Py_ssize_t dk_size;   /* size of dk_indices, a power of 2 */
+    dict_lookup_func dk_lookup;
+    Py_ssize_t dk_usable;
+    Py_ssize_t dk_nentries;
+    char dk_indices[];    /* then PyDictKeyEntry dk_entries[] */
+};
+#endif
+#if PY_VERSION_HEX >= 0x030C0000
+#  include "internal/pycore_long.h"         /* SIGN_NEGATIVE */
+#endif
+#if PY_VERSION_HEX >= 0x030A0000
+#  include "internal/pycore_moduleobject.h"
+#else
+/* 3.8, 3.9: PyModuleObject is private to Objects/moduleobject.c (3.10 moved
+ * it to internal/pycore_moduleobject.h); copied verbatim, proven by DWARF. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *md_dict;
+    struct PyModuleDef *md_def;
+    void *md_state;
+    PyObject *md_weaklist;
+    PyObject *md_name;
+} PyModuleObject;
+#endif
+
 static int gdb_mode;
+
+/* A section header is printed before its first key, so a section whose every
+ * field the target's _Py_DebugOffsets carries (3.13+) is left out. */
+static const char *cur_section = "";
+static int section_pending;
 
 static void section(const char *name)
 {
-    if (!gdb_mode)
-        printf("\n[%s]\n", name);
+    cur_section = name;
+    section_pending = 1;
+}
+
+static void flush_section(void)
+{
+    if (section_pending && !gdb_mode)
+        printf("\n[%s]\n", cur_section);
+    section_pending = 0;
 }
 
 /* gdb_expr == NULL: not checkable against DWARF (macro, bit trick). */
@@ -60,6 +117,7 @@ static void emit(const char *key, unsigned long long v, const char *gdb_expr, co
             printf("%s\t%llu\n", gdb_expr, v);
         return;
     }
+    flush_section();
     if (comment)
         printf("%s = %llu  # %s\n", key, v, comment);
     else
@@ -70,6 +128,14 @@ static void emit(const char *key, unsigned long long v, const char *gdb_expr, co
 #define SIZE_AS(key, T)      emit(key, sizeof(T), "sizeof(" #T ")", "sizeof(" #T ")")
 #define OFF(key, T, path)    emit(key, offsetof(T, path), "&((" #T "*)0)->" #path, #T "." #path)
 #define CONST(key, name)     emit(key, (unsigned long long)(name), "(long)" #name, #name)
+/* A #define: gdb has no macro info, so the value comes from the headers only. */
+#define MACRO(key, name)     emit(key, (unsigned long long)(name), NULL, #name)
+
+/* 3.13+: is cur_section.key a word of _Py_DebugOffsets? Then the target
+ * reports it and the file does not repeat it (the loader merges both). */
+static int in_debug(const char *key);
+#define NSIZE(T)             do { if (!in_debug("size")) SIZE(T); } while (0)
+#define NOFF(key, T, path)   do { if (!in_debug(key)) OFF(key, T, path); } while (0)
 
 /* Bit mask of one bitfield of PyASCIIObject.state, as seen by a 32-bit
  * little-endian load at unicode_object.state.  Bitfield order is the
@@ -82,6 +148,7 @@ static void emit(const char *key, unsigned long long v, const char *gdb_expr, co
 static void layout(void)
 {
     section("layout");
+    flush_section();
 #if PY_VERSION_HEX < 0x030B0000
     printf("frame = \"frame_object\"\n");
 #else
@@ -93,6 +160,17 @@ static void layout(void)
     printf("linetable = \"linetable\"\nlasti = \"code_units\"\n");
 #else
     printf("linetable = \"locations\"\nlasti = \"instr_ptr\"\n");
+#endif
+    /* Where an instance of a Python class keeps its attributes (see
+     * instance_dict_selfcheck(), which proves the choice on these headers). */
+#if PY_VERSION_HEX < 0x030B0000
+    printf("instance_dict = \"dictoffset\"\n");
+#elif PY_VERSION_HEX < 0x030C0000
+    printf("instance_dict = \"managed_values_preheader\"\n");
+#elif PY_VERSION_HEX < 0x030D0000
+    printf("instance_dict = \"managed_tagged_preheader\"\n");
+#else
+    printf("instance_dict = \"inline_values\"\n");
 #endif
 }
 
@@ -120,6 +198,163 @@ static void frame_owner_constants(void)
 #endif
 #if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030F0000
     CONST("frame_owned_by_cstack", FRAME_OWNED_BY_CSTACK);
+#endif
+}
+
+/* The [layout] instance_dict choice and the preheader constants above must be
+ * what these headers' own accessors do: run them on a fake object and look. */
+static struct { long dict, values; } preheader;   /* offsets from the object, <= 0 */
+
+static int instance_dict_selfcheck(void)
+{
+#if PY_VERSION_HEX >= 0x030B0000
+    static _Alignas(16) char mem[256];
+    PyTypeObject tp;
+    PyObject *o = (PyObject *)(mem + 128);
+    memset(&tp, 0, sizeof tp);
+    memset(mem, 0, sizeof mem);
+    tp.tp_flags = Py_TPFLAGS_MANAGED_DICT | Py_TPFLAGS_HEAPTYPE;
+    tp.tp_basicsize = sizeof(PyObject);
+    o->ob_type = &tp;
+#  define AT(p) ((long)((char *)(p) - (char *)o))
+#  if PY_VERSION_HEX < 0x030C0000
+    preheader.dict = AT(_PyObject_ManagedDictPointer(o));
+    preheader.values = AT(_PyObject_ValuesPointer(o));
+    if (preheader.dict != MANAGED_DICT_OFFSET || preheader.values >= 0) {
+        fprintf(stderr, "3.11 managed dict/values pointers moved\n");
+        return 1;
+    }
+#  elif PY_VERSION_HEX < 0x030D0000
+    PyDictOrValues dorv;
+    PyDictValues *v = (PyDictValues *)(mem + 64);
+    preheader.dict = AT(_PyObject_DictOrValuesPointer(o));
+    if (preheader.dict != MANAGED_WEAKREF_OFFSET + (long)sizeof(PyObject *)) {
+        fprintf(stderr, "3.12 dict-or-values pointer is not next to the weakref pointer\n");
+        return 1;
+    }
+    _PyDictOrValues_SetValues(&dorv, v);
+    if (!_PyDictOrValues_IsValues(dorv) || (char *)dorv.values + 1 != (char *)v ||
+        ((uintptr_t)dorv.values & 1) != 1) {
+        fprintf(stderr, "3.12 values tag is not bit 0 / -1\n");
+        return 1;
+    }
+    dorv.dict = o;
+    if (_PyDictOrValues_IsValues(dorv)) {
+        fprintf(stderr, "3.12 an aligned dict pointer reads as values\n");
+        return 1;
+    }
+#  else
+    tp.tp_flags |= Py_TPFLAGS_INLINE_VALUES;
+    preheader.dict = AT(_PyObject_ManagedDictPointer(o));
+    if (preheader.dict != MANAGED_DICT_OFFSET ||
+        AT(_PyObject_InlineValues(o)) != tp.tp_basicsize) {
+        fprintf(stderr, "inline values are not at obj + tp_basicsize\n");
+        return 1;
+    }
+#    if PY_VERSION_HEX >= 0x030E0000   /* 3.13 only allows basicsize == sizeof(PyObject) */
+    tp.tp_basicsize = 6 * sizeof(PyObject *);
+    if (AT(_PyObject_InlineValues(o)) != tp.tp_basicsize) {
+        fprintf(stderr, "inline values do not follow tp_basicsize\n");
+        return 1;
+    }
+#    endif
+#  endif
+#  undef AT
+#endif
+    return 0;
+}
+
+/* ---- thread names: sys.modules -> threading._active -> Thread._name ----
+ * Everything needed to read a dict (combined, split, 3.11+ unicode-keyed), an
+ * int, a module's dict and one instance attribute. Fields the target's
+ * _Py_DebugOffsets carries (3.13+) are left to it (NOFF / NSIZE). */
+static void name_sections(void)
+{
+    section("heap_type_object");
+    NSIZE(PyHeapTypeObject);
+    NOFF("ht_cached_keys", PyHeapTypeObject, ht_cached_keys);   /* shared keys of inline/managed values */
+
+    section("dict_keys");
+    SIZE(PyDictKeysObject);
+#if PY_VERSION_HEX < 0x030B0000
+    OFF("dk_size", PyDictKeysObject, dk_size);
+#else
+    OFF("dk_log2_size", PyDictKeysObject, dk_log2_size);
+    OFF("dk_log2_index_bytes", PyDictKeysObject, dk_log2_index_bytes);
+    OFF("dk_kind", PyDictKeysObject, dk_kind);
+#endif
+    OFF("dk_nentries", PyDictKeysObject, dk_nentries);
+    OFF("dk_indices", PyDictKeysObject, dk_indices);
+
+    section("dict_entry");
+    SIZE(PyDictKeyEntry);
+    OFF("me_hash", PyDictKeyEntry, me_hash);
+    OFF("me_key", PyDictKeyEntry, me_key);
+    OFF("me_value", PyDictKeyEntry, me_value);
+
+#if PY_VERSION_HEX >= 0x030B0000
+    section("dict_unicode_entry");   /* entries of DICT_KEYS_UNICODE and DICT_KEYS_SPLIT keys */
+    SIZE(PyDictUnicodeEntry);
+    OFF("me_key", PyDictUnicodeEntry, me_key);
+    OFF("me_value", PyDictUnicodeEntry, me_value);
+
+    section("dict_values");          /* <= 3.10: ma_values is the PyObject *[] itself */
+    SIZE(PyDictValues);
+#  if PY_VERSION_HEX >= 0x030D0000
+    OFF("capacity", PyDictValues, capacity);
+    OFF("valid", PyDictValues, valid);
+#  endif
+    OFF("values", PyDictValues, values);
+#endif
+
+    section("module_object");
+    SIZE(PyModuleObject);
+    OFF("md_dict", PyModuleObject, md_dict);
+
+    section("long_object");
+    NSIZE(PyLongObject);
+#if PY_VERSION_HEX < 0x030C0000
+    OFF("ob_size", PyLongObject, ob_base.ob_size);   /* signed digit count */
+    OFF("ob_digit", PyLongObject, ob_digit);
+#else
+    NOFF("lv_tag", PyLongObject, long_value.lv_tag);  /* digit count << NON_SIZE_BITS | sign */
+    NOFF("ob_digit", PyLongObject, long_value.ob_digit);
+#endif
+    SIZE_AS("digit_size", digit);
+}
+
+static void name_constants(void)
+{
+    MACRO("tpflags_heaptype", Py_TPFLAGS_HEAPTYPE);
+    MACRO("tpflags_long_subclass", Py_TPFLAGS_LONG_SUBCLASS);
+    MACRO("tpflags_unicode_subclass", Py_TPFLAGS_UNICODE_SUBCLASS);
+    MACRO("tpflags_dict_subclass", Py_TPFLAGS_DICT_SUBCLASS);
+#ifdef Py_TPFLAGS_MANAGED_DICT
+    MACRO("tpflags_managed_dict", Py_TPFLAGS_MANAGED_DICT);
+#endif
+#ifdef Py_TPFLAGS_INLINE_VALUES
+    MACRO("tpflags_inline_values", Py_TPFLAGS_INLINE_VALUES);
+#endif
+#if PY_VERSION_HEX >= 0x030B0000
+    CONST("dict_keys_general", DICT_KEYS_GENERAL);
+    CONST("dict_keys_unicode", DICT_KEYS_UNICODE);
+    CONST("dict_keys_split", DICT_KEYS_SPLIT);
+    emit("managed_dict_preheader", (unsigned long long)-preheader.dict, NULL,
+         "the managed dict (3.12: dict-or-values) pointer is this many bytes before the object");
+#endif
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+    emit("managed_values_preheader", (unsigned long long)-preheader.values, NULL,
+         "_PyObject_ValuesPointer(obj) is this many bytes before the object");
+#endif
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
+    emit("managed_values_tag", 1, NULL,
+         "PyDictOrValues: values stored as (char *)values - 1, so bit 0 set = values");
+#endif
+    MACRO("pylong_shift", PyLong_SHIFT);
+#if PY_VERSION_HEX >= 0x030C0000
+    MACRO("long_non_size_bits", _PyLong_NON_SIZE_BITS);
+    MACRO("long_sign_mask", _PyLong_SIGN_MASK);
+    MACRO("long_sign_negative", SIGN_NEGATIVE);
 #endif
 }
 
@@ -226,6 +461,8 @@ static void full_table(void)
     SIZE(PyTypeObject);
     OFF("tp_name", PyTypeObject, tp_name);
     OFF("tp_flags", PyTypeObject, tp_flags);
+    OFF("tp_basicsize", PyTypeObject, tp_basicsize);
+    OFF("tp_dictoffset", PyTypeObject, tp_dictoffset);
 
     section("bytes_object");
     SIZE(PyBytesObject);
@@ -244,9 +481,18 @@ static void full_table(void)
     OFF("ma_keys", PyDictObject, ma_keys);
     OFF("ma_values", PyDictObject, ma_values);
 
+    name_sections();
+
     section("constants");
     frame_owner_constants();
     unicode_state_constants();
+    name_constants();
+}
+
+static int in_debug(const char *key)
+{
+    (void)key;
+    return 0;
 }
 
 #else
@@ -305,6 +551,7 @@ static int debug_table(void)
         }
     } else {
         section("debug_offsets");
+        flush_section();
         printf("# _Py_DebugOffsets starts _PyRuntime (section .PyRuntime on ELF);\n"
                "# char cookie[8] comes first, then only uint64_t words, nested structs\n"
                "# flattened as \"section.field\": fields[i] is word i after the cookie.\n"
@@ -335,6 +582,11 @@ static int debug_table(void)
     section("unicode_object");
     SIZE_AS("compact_size", PyCompactUnicodeObject);
 
+    section("type_object");
+    NOFF("tp_basicsize", PyTypeObject, tp_basicsize);
+    NOFF("tp_dictoffset", PyTypeObject, tp_dictoffset);
+    name_sections();
+
     section("constants");
     frame_owner_constants();
 #  if PY_VERSION_HEX >= 0x030E0000
@@ -347,6 +599,17 @@ static int debug_table(void)
     emit("executable_tag_mask", 0, NULL, "f_executable is a plain PyObject * before 3.14");
 #  endif
     unicode_state_constants();
+    name_constants();
+    return 0;
+}
+
+static int in_debug(const char *key)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", cur_section, key);
+    for (size_t i = 0; i < NFIELDS; i++)
+        if (strcmp(fields[i].name, full) == 0)
+            return 1;
     return 0;
 }
 #endif
@@ -354,6 +617,8 @@ static int debug_table(void)
 int main(int argc, char **argv)
 {
     gdb_mode = argc > 1 && strcmp(argv[1], "--gdb") == 0;
+    if (instance_dict_selfcheck())
+        return 1;
     if (!gdb_mode)
         layout();
 #if PY_VERSION_HEX < 0x030D0000

@@ -1,0 +1,860 @@
+//! Python thread names, as `threading` knows them ("MainThread", "worker-3").
+//!
+//! `sys.modules["threading"]._active` maps each thread's ident
+//! (`threading.get_ident()`, which is the thread state's `thread_id`) to its
+//! `Thread` object, whose name lives in the instance attribute `_name`.
+//! Reading that takes a dict walk (sys.modules, the module's dict, `_active`),
+//! int decoding (the idents) and one instance-attribute lookup per thread,
+//! whose location differs by version ([`InstanceDict`], from the offsets file).
+//!
+//! Everything read here is untrusted: every count is capped, every loop is
+//! bounded by a count read once, and garbage ends in an error or a missing
+//! name, never a hang or a panic. Names cost a few dozen reads, so
+//! [`NameCache`] reads them once per interpreter and then about once a second.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::offsets::{EntryLayout, InstanceDict, KeysSize, LongHeader, NameOffsets, ObjectOffsets, Offsets};
+use crate::process::memory::{RemoteMemory, field_u32, field_u64, field_u8};
+use crate::python::strings::read_unicode;
+use crate::python::threads::MAX_THREADS;
+
+/// Most entries read from one dict. A large application's sys.modules holds a
+/// few thousand; this bounds one read to 1.5 MiB of entries.
+pub const MAX_DICT_ENTRIES: u64 = 1 << 16;
+/// Largest index table we accept (log2): beyond any real dict with ≤ MAX_DICT_ENTRIES.
+const MAX_LOG2_SIZE: u64 = 24;
+/// An ident is a pthread_t, 64 bits: 3 digits of 30 bits (5 of 15).
+const MAX_INT_DIGITS: u64 = 5;
+/// Distinct types remembered during one read (dict, str, int, module, Thread...).
+const MAX_TYPES: usize = 64;
+
+/// Ident → `Thread._name` for every thread in `threading._active` of the
+/// interpreter at `interp`. Empty when the program never imported threading.
+pub fn thread_names(mem: &dyn RemoteMemory, o: &Offsets, interp: u64) -> Result<HashMap<u64, String>> {
+    let n = o.names.as_ref().ok_or_else(|| Error::BadOffsets {
+        version: o.version.to_string(),
+        why: "no thread-name offsets for this version".into(),
+    })?;
+    let mut r = Reader { mem, n, obj: &o.object, types: HashMap::new(), split_index: HashMap::new() };
+    let modules = mem.read_u64(interp.wrapping_add(n.imports_modules))?;
+    let Some(threading) = r.dict_get_str(modules, "threading")? else { return Ok(HashMap::new()) };
+    check_ptr(threading, "module")?;
+    let module_dict = mem.read_u64(threading + n.md_dict)?;
+    let Some(active) = r.dict_get_str(module_dict, "_active")? else { return Ok(HashMap::new()) };
+    let items = r.dict_items(active)?;
+    if items.len() > MAX_THREADS {
+        return Err(Error::Corrupt(format!("threading._active holds {} threads", items.len())));
+    }
+    let mut out = HashMap::with_capacity(items.len());
+    for (key, thread) in items {
+        // One unreadable Thread (torn down under us, or not a Thread at all)
+        // leaves that thread unnamed, not the others.
+        let Ok(Some(ident)) = r.int_value(key) else { continue };
+        if let Ok(Some(name)) = r.attr_str(thread, "_name") {
+            out.insert(ident, name);
+        }
+    }
+    Ok(out)
+}
+
+/// Above any user-space address (x86-64 with 5-level paging: 57 bits), so
+/// `ptr + offset` of a checked pointer cannot overflow.
+const MAX_USER_ADDR: u64 = 1 << 57;
+
+fn plausible_ptr(addr: u64) -> bool {
+    addr != 0 && addr % 8 == 0 && addr < MAX_USER_ADDR
+}
+
+fn check_ptr(addr: u64, what: &str) -> Result<()> {
+    if !plausible_ptr(addr) {
+        return Err(Error::Corrupt(format!("bad {what} pointer {addr:#x}")));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TypeInfo {
+    flags: u64,
+    basicsize: u64,
+    dictoffset: i64,
+    /// Heap types: the shared keys of instances' split dicts / inline values.
+    cached_keys: u64,
+}
+
+/// Where a keys object's entries are and what they look like.
+#[derive(Debug, Clone, Copy)]
+struct Keys {
+    nentries: u64,
+    entries_at: u64,
+    entry: EntryLayout,
+}
+
+/// One `thread_names` call: the offsets plus what it learned along the way.
+struct Reader<'a> {
+    mem: &'a dyn RemoteMemory,
+    n: &'a NameOffsets,
+    obj: &'a ObjectOffsets,
+    types: HashMap<u64, TypeInfo>,
+    /// (shared keys, nentries, name) → entry index: every Thread shares one
+    /// keys object, so its `_name` slot is found once per read, not per thread.
+    split_index: HashMap<(u64, u64, &'static str), Option<usize>>,
+}
+
+impl Reader<'_> {
+    fn type_info(&mut self, ty: u64) -> Result<TypeInfo> {
+        if let Some(t) = self.types.get(&ty) {
+            return Ok(*t);
+        }
+        check_ptr(ty, "type")?;
+        let n = self.n;
+        let buf = self.mem.read_vec(ty, n.type_size as usize)?;
+        let flags = field_u64(&buf, n.tp_flags as usize);
+        let cached_keys = if flags & n.tpflags_heaptype != 0 { self.mem.read_u64(ty + n.ht_cached_keys)? } else { 0 };
+        let t = TypeInfo {
+            flags,
+            basicsize: field_u64(&buf, n.tp_basicsize as usize),
+            dictoffset: field_u64(&buf, n.tp_dictoffset as usize) as i64,
+            cached_keys,
+        };
+        if self.types.len() < MAX_TYPES {
+            self.types.insert(ty, t);
+        }
+        Ok(t)
+    }
+
+    fn type_of(&mut self, obj: u64) -> Result<TypeInfo> {
+        check_ptr(obj, "object")?;
+        let ty = self.mem.read_u64(obj + self.obj.ob_type)?;
+        self.type_info(ty)
+    }
+
+    fn require(&mut self, obj: u64, flag: u64, what: &str) -> Result<()> {
+        if self.type_of(obj)?.flags & flag == 0 {
+            return Err(Error::Corrupt(format!("object at {obj:#x} is not a {what}")));
+        }
+        Ok(())
+    }
+
+    // ---- dicts -----------------------------------------------------------
+
+    /// `(ma_keys, ma_values)` of a dict, after checking it is one.
+    fn dict_header(&mut self, dict: u64) -> Result<(u64, u64)> {
+        self.require(dict, self.n.tpflags_dict_subclass, "dict")?;
+        let buf = self.mem.read_vec(dict, self.n.dict_size as usize)?;
+        let values = field_u64(&buf, self.n.ma_values as usize);
+        if values != 0 {
+            check_ptr(values, "dict values")?;
+        }
+        Ok((field_u64(&buf, self.n.ma_keys as usize), values))
+    }
+
+    fn keys(&self, keys: u64) -> Result<Keys> {
+        check_ptr(keys, "dict keys")?;
+        let n = self.n;
+        let hdr = self.mem.read_vec(keys, n.keys_header_size as usize)?;
+        let nentries = field_u64(&hdr, n.dk_nentries as usize);
+        let bad = |why: String| Error::Corrupt(format!("dict keys at {keys:#x}: {why}"));
+        let (table, index_bytes, entry) = match n.keys_size {
+            KeysSize::Size { dk_size } => {
+                let size = field_u64(&hdr, dk_size as usize);
+                if !size.is_power_of_two() || size > 1 << MAX_LOG2_SIZE {
+                    return Err(bad(format!("dk_size {size}")));
+                }
+                // dict-common.h: 1-byte indices up to 0xff slots, then 2, 4, 8.
+                let width = match size {
+                    0..=0xff => 1,
+                    0x100..=0xffff => 2,
+                    0x1_0000..=0xffff_ffff => 4,
+                    _ => 8,
+                };
+                (size, size * width, n.entry)
+            }
+            KeysSize::Log2 { log2_size, log2_index_bytes, kind } => {
+                let (l, li) = (field_u8(&hdr, log2_size as usize) as u64, field_u8(&hdr, log2_index_bytes as usize) as u64);
+                if l > MAX_LOG2_SIZE || li < l || li > l + 3 {
+                    return Err(bad(format!("dk_log2_size {l}, dk_log2_index_bytes {li}")));
+                }
+                let general = Some(field_u8(&hdr, kind as usize) as u64) == n.keys_general;
+                let entry = if general { n.entry } else { n.unicode_entry.ok_or_else(|| bad("no unicode entry layout".into()))? };
+                (1 << l, 1 << li, entry)
+            }
+        };
+        if nentries > table || nentries > MAX_DICT_ENTRIES {
+            return Err(bad(format!("{nentries} entries in a table of {table}")));
+        }
+        Ok(Keys { nentries, entries_at: keys + n.dk_indices + index_bytes, entry })
+    }
+
+    /// Every entry, index preserved: (me_key, me_value). Deleted slots have a
+    /// NULL key (3.11+) or a NULL value (≤ 3.10, whose key is a dummy).
+    fn entries(&self, k: &Keys) -> Result<Vec<(u64, u64)>> {
+        let e = k.entry;
+        let raw = self.mem.read_vec(k.entries_at, (k.nentries * e.size) as usize)?;
+        Ok(raw.chunks_exact(e.size as usize).map(|c| (field_u64(c, e.key as usize), field_u64(c, e.value as usize))).collect())
+    }
+
+    /// How many slots a split table's values array has for these keys.
+    fn values_len(&self, values: u64, k: &Keys) -> Result<u64> {
+        Ok(match self.n.values_capacity {
+            Some(off) => {
+                let mut cap = [0u8];
+                self.mem.read(values + off, &mut cap)?;
+                k.nentries.min(cap[0] as u64)
+            }
+            None => k.nentries,
+        })
+    }
+
+    /// Every live (key, value) of a dict, combined or split.
+    fn dict_items(&mut self, dict: u64) -> Result<Vec<(u64, u64)>> {
+        let (keys, values) = self.dict_header(dict)?;
+        let k = self.keys(keys)?;
+        let mut items = self.entries(&k)?;
+        if values != 0 {
+            let len = self.values_len(values, &k)?;
+            let raw = self.mem.read_vec(values + self.n.values_array, (len * 8) as usize)?;
+            for (i, item) in items.iter_mut().enumerate() {
+                item.1 = if (i as u64) < len { field_u64(&raw, i * 8) } else { 0 };
+            }
+        }
+        items.retain(|&(k, v)| k != 0 && v != 0);
+        Ok(items)
+    }
+
+    fn dict_get_str(&mut self, dict: u64, name: &'static str) -> Result<Option<u64>> {
+        let (keys, values) = self.dict_header(dict)?;
+        if values != 0 {
+            return self.split_get(keys, values, name);
+        }
+        let entries = self.entries(&self.keys(keys)?)?;
+        let candidates: Vec<u64> = entries.iter().map(|&(k, v)| if v != 0 { k } else { 0 }).collect();
+        Ok(self.find_str(&candidates, name)?.map(|i| entries[i].1))
+    }
+
+    /// A split table: keys from `keys` (a dict's, or the type's shared keys),
+    /// values from the `PyDictValues` (≤ 3.10: `PyObject *[]`) at `values`.
+    fn split_get(&mut self, keys: u64, values: u64, name: &'static str) -> Result<Option<u64>> {
+        let k = self.keys(keys)?;
+        let slot = match self.split_index.get(&(keys, k.nentries, name)) {
+            Some(&slot) => slot,
+            None => {
+                let candidates: Vec<u64> = self.entries(&k)?.into_iter().map(|(key, _)| key).collect();
+                let slot = self.find_str(&candidates, name)?;
+                self.split_index.insert((keys, k.nentries, name), slot);
+                slot
+            }
+        };
+        let Some(i) = slot else { return Ok(None) };
+        if i as u64 >= self.values_len(values, &k)? {
+            return Ok(None);
+        }
+        let v = self.mem.read_u64(values + self.n.values_array + 8 * i as u64)?;
+        Ok(Some(v).filter(|&v| v != 0))
+    }
+
+    /// Index of the first key that is the str `name` (ASCII). Heads of all
+    /// candidate keys are read in one batch; only same-length ASCII strs are
+    /// then compared byte for byte.
+    fn find_str(&mut self, keys: &[u64], name: &str) -> Result<Option<usize>> {
+        debug_assert!(name.is_ascii());
+        let o = self.obj;
+        let n = self.n;
+        let head = o.unicode_ascii_size as usize;
+        let live: Vec<usize> = (0..keys.len()).filter(|&i| plausible_ptr(keys[i])).collect();
+        let mut heads = vec![0u8; live.len() * head];
+        {
+            let mut reqs: Vec<(u64, &mut [u8])> = live.iter().map(|&i| keys[i]).zip(heads.chunks_exact_mut(head)).collect();
+            self.mem.read_many(&mut reqs)?;
+        }
+        let kind_shift = n.unicode_kind_mask.trailing_zeros();
+        let mut text = vec![0u8; name.len()];
+        for (&i, h) in live.iter().zip(heads.chunks_exact(head)) {
+            let state = field_u32(h, o.unicode_state as usize);
+            let ascii_compact = state & n.unicode_ascii_mask != 0 && state & n.unicode_compact_mask != 0;
+            if !ascii_compact || (state & n.unicode_kind_mask) >> kind_shift != 1 || field_u64(h, o.unicode_length as usize) != name.len() as u64 {
+                continue;
+            }
+            self.mem.read(keys[i] + o.unicode_ascii_size, &mut text)?;
+            if text == name.as_bytes() && self.type_of(keys[i])?.flags & n.tpflags_unicode_subclass != 0 {
+                return Ok(Some(i));
+            }
+        }
+        Ok(None)
+    }
+
+    // ---- ints and strs ---------------------------------------------------
+
+    /// A non-negative int that fits in 64 bits; None for anything else.
+    fn int_value(&mut self, obj: u64) -> Result<Option<u64>> {
+        let n = self.n;
+        if self.type_of(obj)?.flags & n.tpflags_long_subclass == 0 {
+            return Ok(None);
+        }
+        let ndigits = match n.long_header {
+            LongHeader::ObSize(off) => {
+                let size = self.mem.read_u64(obj + off)? as i64;
+                if size < 0 {
+                    return Ok(None);
+                }
+                size as u64
+            }
+            LongHeader::LvTag { offset, non_size_bits, sign_mask, sign_negative } => {
+                let tag = self.mem.read_u64(obj + offset)?;
+                if tag & sign_mask == sign_negative {
+                    return Ok(None);
+                }
+                tag >> non_size_bits
+            }
+        };
+        if ndigits > MAX_INT_DIGITS {
+            return Ok(None);
+        }
+        let raw = self.mem.read_vec(obj + n.ob_digit, (ndigits * n.digit_size) as usize)?;
+        let mut value: u128 = 0;
+        for (i, d) in raw.chunks_exact(n.digit_size as usize).enumerate() {
+            let digit = d.iter().rev().fold(0u64, |acc, &b| acc << 8 | b as u64);
+            if digit >> n.pylong_shift != 0 {
+                return Ok(None);
+            }
+            value |= (digit as u128) << (n.pylong_shift as usize * i);
+        }
+        Ok(u64::try_from(value).ok())
+    }
+
+    fn attr_str(&mut self, obj: u64, name: &'static str) -> Result<Option<String>> {
+        let Some(v) = self.instance_attr(obj, name)? else { return Ok(None) };
+        self.require(v, self.n.tpflags_unicode_subclass, "str")?;
+        read_unicode(self.mem, self.obj, v).map(Some)
+    }
+
+    // ---- instance attributes -------------------------------------------
+
+    /// `obj.__dict__[name]` without materializing anything: wherever this
+    /// version keeps instance attributes.
+    fn instance_attr(&mut self, obj: u64, name: &'static str) -> Result<Option<u64>> {
+        let n = self.n;
+        let t = self.type_of(obj)?;
+        let managed = n.tpflags_managed_dict.is_some_and(|f| t.flags & f != 0);
+        if !managed || n.instance_dict == InstanceDict::DictOffset {
+            // A type without a managed dict keeps it at tp_dictoffset (if any).
+            if t.dictoffset <= 0 || t.dictoffset >= 1 << 16 {
+                return Ok(None); // no dict, or a variable-size object: not a Thread
+            }
+            let dict = self.mem.read_u64(obj + t.dictoffset as u64)?;
+            return if dict == 0 { Ok(None) } else { self.dict_get_str(dict, name) };
+        }
+        let before = |pre: Option<u64>| -> Result<u64> {
+            pre.and_then(|p| obj.checked_sub(p)).ok_or_else(|| Error::Corrupt(format!("no pre-header before {obj:#x}")))
+        };
+        let dict_word = self.mem.read_u64(before(n.managed_dict_preheader)?)?;
+        let shared = |t: &TypeInfo| -> Result<u64> {
+            if t.cached_keys == 0 {
+                return Err(Error::Corrupt(format!("instance at {obj:#x} has values but its type no shared keys")));
+            }
+            Ok(t.cached_keys)
+        };
+        match n.instance_dict {
+            InstanceDict::DictOffset => unreachable!("handled above"),
+            InstanceDict::ManagedValuesPreheader => {
+                let values = self.mem.read_u64(before(n.managed_values_preheader)?)?;
+                if values != 0 {
+                    check_ptr(values, "values")?;
+                    return self.split_get(shared(&t)?, values, name);
+                }
+            }
+            InstanceDict::ManagedTaggedPreheader => {
+                let tag = n.managed_values_tag.unwrap_or(1);
+                if dict_word & tag != 0 {
+                    let values = dict_word.wrapping_add(tag);
+                    check_ptr(values, "values")?;
+                    return self.split_get(shared(&t)?, values, name);
+                }
+            }
+            InstanceDict::InlineValues => {
+                let inline = n.tpflags_inline_values.is_some_and(|f| t.flags & f != 0);
+                if inline && t.basicsize > 0 && t.basicsize < 1 << 16 && t.basicsize % 8 == 0 {
+                    let values = obj + t.basicsize;
+                    let valid = n.values_valid.map_or(Ok(1), |off| {
+                        let mut b = [0u8];
+                        self.mem.read(values + off, &mut b).map(|_| b[0])
+                    })?;
+                    if valid != 0 {
+                        return self.split_get(shared(&t)?, values, name);
+                    }
+                }
+            }
+        }
+        if dict_word == 0 { Ok(None) } else { self.dict_get_str(dict_word, name) }
+    }
+}
+
+/// Re-read names this often per interpreter.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
+/// A thread ident not seen at the last read (maybe a new `Thread`) triggers
+/// an early re-read, but not more often than this, so churning thread pools
+/// cannot make every sample pay for names.
+pub const MIN_REFRESH: Duration = Duration::from_millis(50);
+
+struct InterpNames {
+    names: HashMap<u64, String>,
+    /// Idents of this interpreter's threads at the last read.
+    known: HashSet<u64>,
+    read_at: Instant,
+}
+
+/// Python thread names per interpreter, refreshed on a schedule. Best effort:
+/// a failed read keeps the previous names.
+#[derive(Default)]
+pub struct NameCache {
+    interps: HashMap<u64, InterpNames>,
+}
+
+impl NameCache {
+    /// Re-read the names of every interpreter among `threads` (interpreter,
+    /// ident) that is due: never read, read more than [`REFRESH_EVERY`] ago,
+    /// or showing an ident unknown at the last read.
+    pub fn refresh(&mut self, mem: &dyn RemoteMemory, o: &Offsets, threads: impl Iterator<Item = (u64, u64)> + Clone) {
+        if o.names.is_none() {
+            return;
+        }
+        let now = Instant::now();
+        let mut interps: Vec<u64> = threads.clone().map(|(interp, _)| interp).collect();
+        interps.sort_unstable();
+        interps.dedup();
+        self.interps.retain(|i, _| interps.binary_search(i).is_ok());
+        for interp in interps {
+            let idents = || threads.clone().filter(move |&(i, _)| i == interp).map(|(_, ident)| ident);
+            let due = match self.interps.get(&interp) {
+                None => true,
+                Some(e) => {
+                    let age = now.saturating_duration_since(e.read_at);
+                    age >= REFRESH_EVERY || (age >= MIN_REFRESH && idents().any(|i| !e.known.contains(&i)))
+                }
+            };
+            if !due {
+                continue;
+            }
+            let read = thread_names(mem, o, interp);
+            let e = self.interps.entry(interp).or_insert_with(|| InterpNames { names: HashMap::new(), known: HashSet::new(), read_at: now });
+            if let Ok(names) = read {
+                e.names = names;
+            }
+            e.known = idents().collect();
+            e.read_at = now;
+        }
+    }
+
+    /// The Python name of thread `ident` of interpreter `interp`, if known.
+    pub fn get(&self, interp: u64, ident: u64) -> Option<&str> {
+        self.interps.get(&interp)?.names.get(&ident).map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::offsets::table::{offsets_for_tests, supported_minors};
+    use std::time::Instant;
+
+    /// Memory where every address reads as deterministic garbage, biased
+    /// towards what gets a reader furthest: aligned pointers into itself,
+    /// all-ones words (every type flag set) and small counts.
+    struct Garbage(u64);
+
+    impl Garbage {
+        fn word(&self, addr: u64) -> u64 {
+            let mut x = (addr >> 3) ^ self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            x ^= x >> 33;
+            x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+            x ^= x >> 33;
+            match x % 4 {
+                0 => 0x1000_0000 + (x >> 8 & 0xfff8),
+                1 => u64::MAX,
+                2 => x >> 58,
+                _ => x,
+            }
+        }
+    }
+
+    impl RemoteMemory for Garbage {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+            for (i, b) in buf.iter_mut().enumerate() {
+                let a = addr.wrapping_add(i as u64);
+                *b = self.word(a & !7).to_le_bytes()[(a & 7) as usize];
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn garbage_gives_an_error_or_a_few_names_quickly() {
+        for minor in supported_minors() {
+            let o = offsets_for_tests(minor);
+            for seed in 0..200 {
+                let t = Instant::now();
+                if let Ok(names) = thread_names(&Garbage(seed), &o, 0x1000_0000 + seed * 8) {
+                    assert!(names.len() <= MAX_THREADS);
+                }
+                assert!(t.elapsed() < Duration::from_secs(2), "3.{minor} seed {seed} took {:?}", t.elapsed());
+            }
+        }
+    }
+
+    #[test]
+    fn unreadable_memory_is_an_error() {
+        struct Nothing;
+        impl RemoteMemory for Nothing {
+            fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+                Err(Error::Read { pid: 1, addr, len: buf.len(), source: std::io::ErrorKind::NotFound.into() })
+            }
+        }
+        for minor in supported_minors() {
+            assert!(thread_names(&Nothing, &offsets_for_tests(minor), 0x1000).is_err());
+        }
+    }
+
+    /// A flat fake address space holding a real-looking object graph built
+    /// from the offsets alone: sys.modules, threading, `_active`, Threads.
+    #[derive(Clone)]
+    struct Heap {
+        base: u64,
+        mem: Vec<u8>,
+        next: u64,
+    }
+
+    impl RemoteMemory for Heap {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+            let start = addr.checked_sub(self.base).filter(|&s| s + buf.len() as u64 <= self.mem.len() as u64);
+            let Some(start) = start else {
+                return Err(Error::Read { pid: 1, addr, len: buf.len(), source: std::io::ErrorKind::NotFound.into() });
+            };
+            buf.copy_from_slice(&self.mem[start as usize..start as usize + buf.len()]);
+            Ok(())
+        }
+    }
+
+    impl Heap {
+        fn new() -> Heap {
+            Heap { base: 0x10_0000, mem: vec![0; 1 << 20], next: 0x10_0000 }
+        }
+        /// `size` bytes, 16-aligned, with 32 bytes of pre-header room.
+        fn alloc(&mut self, size: u64) -> u64 {
+            let at = (self.next + 32 + 15) & !15;
+            self.next = at + size;
+            at
+        }
+        fn put(&mut self, addr: u64, bytes: &[u8]) {
+            let s = (addr - self.base) as usize;
+            self.mem[s..s + bytes.len()].copy_from_slice(bytes);
+        }
+        fn w64(&mut self, addr: u64, v: u64) {
+            self.put(addr, &v.to_le_bytes());
+        }
+        fn w8(&mut self, addr: u64, v: u8) {
+            self.put(addr, &[v]);
+        }
+    }
+
+    struct Builder<'a> {
+        h: Heap,
+        o: &'a Offsets,
+        n: &'a NameOffsets,
+        str_t: u64,
+        int_t: u64,
+        dict_t: u64,
+        module_t: u64,
+    }
+
+    impl<'a> Builder<'a> {
+        fn new(o: &'a Offsets) -> Builder<'a> {
+            let n = o.names.as_ref().unwrap();
+            let mut b = Builder { h: Heap::new(), o, n, str_t: 0, int_t: 0, dict_t: 0, module_t: 0 };
+            b.str_t = b.type_obj(n.tpflags_unicode_subclass, 0, 0, 0);
+            b.int_t = b.type_obj(n.tpflags_long_subclass, 0, 0, 0);
+            b.dict_t = b.type_obj(n.tpflags_dict_subclass, 0, 0, 0);
+            b.module_t = b.type_obj(0, n.module_size, n.md_dict, 0);
+            b
+        }
+        fn type_obj(&mut self, flags: u64, basicsize: u64, dictoffset: u64, cached_keys: u64) -> u64 {
+            let n = self.n;
+            let t = self.h.alloc(n.heap_type_size);
+            self.h.w64(t + n.tp_flags, flags);
+            self.h.w64(t + n.tp_basicsize, basicsize);
+            self.h.w64(t + n.tp_dictoffset, dictoffset);
+            self.h.w64(t + n.ht_cached_keys, cached_keys);
+            t
+        }
+        fn object(&mut self, ty: u64, size: u64) -> u64 {
+            let a = self.h.alloc(size);
+            self.h.w64(a + self.o.object.ob_type, ty);
+            a
+        }
+        fn str(&mut self, text: &str) -> u64 {
+            let (o, n) = (&self.o.object, self.n);
+            let chars: Vec<char> = text.chars().collect();
+            let ascii = text.is_ascii();
+            let kind: u32 = if ascii || chars.iter().all(|&c| (c as u32) < 256) { 1 } else if chars.iter().all(|&c| (c as u32) < 65536) { 2 } else { 4 };
+            let data_at = if ascii { o.unicode_ascii_size } else { o.unicode_compact_size };
+            let a = self.object(self.str_t, data_at + (chars.len() as u64 + 1) * kind as u64);
+            let mut state = (kind << n.unicode_kind_mask.trailing_zeros()) | n.unicode_compact_mask;
+            if ascii {
+                state |= n.unicode_ascii_mask;
+            }
+            self.h.put(a + o.unicode_state, &state.to_le_bytes());
+            self.h.w64(a + o.unicode_length, chars.len() as u64);
+            for (i, c) in chars.iter().enumerate() {
+                let bytes = (*c as u32).to_le_bytes();
+                self.h.put(a + data_at + i as u64 * kind as u64, &bytes[..kind as usize]);
+            }
+            a
+        }
+        fn int(&mut self, mut v: u64) -> u64 {
+            let n = self.n;
+            let mut digits = Vec::new();
+            while v != 0 {
+                digits.push(v & ((1 << n.pylong_shift) - 1));
+                v >>= n.pylong_shift;
+            }
+            let a = self.object(self.int_t, n.ob_digit + 8 * digits.len() as u64);
+            match n.long_header {
+                LongHeader::ObSize(off) => self.h.w64(a + off, digits.len() as u64),
+                LongHeader::LvTag { offset, non_size_bits, .. } => self.h.w64(a + offset, (digits.len() as u64) << non_size_bits),
+            }
+            for (i, d) in digits.iter().enumerate() {
+                self.h.put(a + n.ob_digit + i as u64 * n.digit_size, &d.to_le_bytes()[..n.digit_size as usize]);
+            }
+            a
+        }
+        /// A keys object; unicode entries where the version has them and all keys are strs.
+        fn keys(&mut self, entries: &[(u64, u64)], unicode: bool) -> u64 {
+            let n = self.n;
+            let mut log2 = 3;
+            while (1u64 << log2) * 2 < entries.len() as u64 * 3 {
+                log2 += 1;
+            }
+            let (entry, kind) = match (unicode, n.unicode_entry, n.keys_general) {
+                (true, Some(u), Some(g)) => (u, g + 1),
+                (_, _, g) => (n.entry, g.unwrap_or(0)),
+            };
+            let size = 1u64 << log2;
+            let k = self.h.alloc(n.keys_header_size + size + entries.len() as u64 * entry.size);
+            match n.keys_size {
+                KeysSize::Size { dk_size } => self.h.w64(k + dk_size, size),
+                KeysSize::Log2 { log2_size, log2_index_bytes, kind: kind_off } => {
+                    self.h.w8(k + log2_size, log2);
+                    self.h.w8(k + log2_index_bytes, log2);
+                    self.h.w8(k + kind_off, kind as u8);
+                }
+            }
+            self.h.w64(k + n.dk_nentries, entries.len() as u64);
+            let at = k + n.dk_indices + size;
+            for (i, &(key, value)) in entries.iter().enumerate() {
+                let e = at + i as u64 * entry.size;
+                self.h.w64(e + entry.key, key);
+                self.h.w64(e + entry.value, value);
+            }
+            k
+        }
+        fn dict(&mut self, items: &[(u64, u64)], unicode: bool) -> u64 {
+            let keys = self.keys(items, unicode);
+            let d = self.object(self.dict_t, self.n.dict_size);
+            self.h.w64(d + self.n.ma_keys, keys);
+            d
+        }
+        /// A values array for `count` slots (3.13+: with its header, valid).
+        fn values(&mut self, vals: &[u64]) -> u64 {
+            let n = self.n;
+            let v = self.h.alloc(n.values_array + 8 * vals.len() as u64);
+            if let Some(c) = n.values_capacity {
+                self.h.w8(v + c, vals.len() as u8);
+            }
+            if let Some(ok) = n.values_valid {
+                self.h.w8(v + ok, 1);
+            }
+            for (i, &x) in vals.iter().enumerate() {
+                self.h.w64(v + n.values_array + 8 * i as u64, x);
+            }
+            v
+        }
+    }
+
+    /// sys.modules → threading → _active with one Thread per name, each
+    /// keeping `_name` the way this version does (`materialized`: in a
+    /// real dict instead of values). Returns the heap, interp and idents.
+    fn build(o: &Offsets, names: &[&str], materialized: bool) -> (Heap, u64, Vec<u64>) {
+        let mut b = Builder::new(o);
+        let n = b.n;
+        let attrs = ["_target", "_name", "_args", "_daemonic"];
+        let attr_keys: Vec<u64> = attrs.iter().map(|a| b.str(a)).collect();
+        let shared = b.keys(&attr_keys.iter().map(|&k| (k, 0)).collect::<Vec<_>>(), true);
+        let (flags, basicsize, dictoffset) = match n.instance_dict {
+            InstanceDict::DictOffset => (0, 32, 16),
+            InstanceDict::InlineValues => (n.tpflags_managed_dict.unwrap() | n.tpflags_inline_values.unwrap(), 16, 0),
+            _ => (n.tpflags_managed_dict.unwrap(), 16, 0),
+        };
+        let thread_t = b.type_obj(flags | n.tpflags_heaptype, basicsize, dictoffset, shared);
+        let mut active = Vec::new();
+        let mut idents = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let ident = 0x7f00_0000_0000 + i as u64 * 0x80_0000;
+            let name_obj = b.str(name);
+            let none = b.object(b.int_t, 32);
+            let vals = [none, name_obj, none, none];
+            let obj = b.h.alloc(basicsize + n.values_array + 8 * 4);
+            b.h.w64(obj + b.o.object.ob_type, thread_t);
+            let dict = |b: &mut Builder| -> u64 {
+                if materialized {
+                    b.dict(&attr_keys.iter().copied().zip(vals).collect::<Vec<_>>(), true)
+                } else {
+                    let d = b.dict(&[], true);
+                    let v = b.values(&vals);
+                    b.h.w64(d + n.ma_keys, shared);
+                    b.h.w64(d + n.ma_values, v);
+                    d
+                }
+            };
+            match n.instance_dict {
+                InstanceDict::DictOffset => {
+                    let d = dict(&mut b);
+                    b.h.w64(obj + 16, d);
+                }
+                _ if materialized => {
+                    let d = dict(&mut b);
+                    b.h.w64(obj - n.managed_dict_preheader.unwrap(), d);
+                }
+                InstanceDict::ManagedValuesPreheader => {
+                    let v = b.values(&vals);
+                    b.h.w64(obj - n.managed_values_preheader.unwrap(), v);
+                }
+                InstanceDict::ManagedTaggedPreheader => {
+                    let v = b.values(&vals);
+                    b.h.w64(obj - n.managed_dict_preheader.unwrap(), v - n.managed_values_tag.unwrap());
+                }
+                InstanceDict::InlineValues => {
+                    let v = obj + basicsize;
+                    b.h.w8(v + n.values_capacity.unwrap(), 4);
+                    b.h.w8(v + n.values_valid.unwrap(), 1);
+                    for (j, &x) in vals.iter().enumerate() {
+                        b.h.w64(v + n.values_array + 8 * j as u64, x);
+                    }
+                }
+            }
+            let key = b.int(ident);
+            active.push((key, obj));
+            idents.push(ident);
+        }
+        let active = b.dict(&active, false);
+        let k_active = b.str("_active");
+        let k_other = b.str("_limbo");
+        let md = b.dict(&[(k_other, active), (k_active, active)], true);
+        let module = b.object(b.module_t, n.module_size);
+        b.h.w64(module + n.md_dict, md);
+        let (k_sys, k_thr, k_threadinx) = (b.str("sys"), b.str("threading"), b.str("threadinx"));
+        let modules = b.dict(&[(k_sys, module), (k_threadinx, active), (k_thr, module)], true);
+        let interp = b.h.alloc(n.imports_modules + 8);
+        b.h.w64(interp + n.imports_modules, modules);
+        (b.h, interp, idents)
+    }
+
+    const NAMES: &[&str] = &["MainThread", "worker-1", "ünïcødé-名前", "😀"];
+
+    #[test]
+    fn a_built_object_graph_reads_back_on_every_layout() {
+        for minor in supported_minors() {
+            let o = offsets_for_tests(minor);
+            for materialized in [false, true] {
+                let (heap, interp, idents) = build(&o, NAMES, materialized);
+                let got = thread_names(&heap, &o, interp).unwrap_or_else(|e| panic!("3.{minor} materialized={materialized}: {e}"));
+                let want: HashMap<u64, String> = idents.iter().copied().zip(NAMES.iter().map(|s| s.to_string())).collect();
+                assert_eq!(got, want, "3.{minor} materialized={materialized}");
+            }
+        }
+    }
+
+    #[test]
+    fn corrupting_the_graph_never_panics_or_hangs() {
+        for minor in supported_minors() {
+            let o = offsets_for_tests(minor);
+            let (heap, interp, _) = build(&o, NAMES, minor % 2 == 0);
+            let used = (heap.next - heap.base) as usize / 8;
+            let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ minor as u64;
+            let mut next = || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            let mut outcomes = [0usize; 2];
+            for _ in 0..2000 {
+                let mut h = heap.clone();
+                for _ in 0..1 + next() % 3 {
+                    let word = (next() as usize % used) * 8;
+                    let r = next();
+                    let v = match r % 5 {
+                        0 => 0,
+                        1 => u64::MAX,
+                        2 => r >> 40,
+                        3 => heap.base + (r >> 8) % (used as u64 * 8),
+                        _ => r,
+                    };
+                    h.mem[word..word + 8].copy_from_slice(&v.to_le_bytes());
+                }
+                let t = Instant::now();
+                let r = thread_names(&h, &o, interp);
+                assert!(t.elapsed() < Duration::from_secs(1), "3.{minor}: {:?}", t.elapsed());
+                outcomes[r.is_ok() as usize] += 1;
+                if let Ok(m) = r {
+                    assert!(m.len() <= NAMES.len());
+                }
+            }
+            assert!(outcomes[0] > 0 && outcomes[1] > 0, "3.{minor}: {outcomes:?}");
+        }
+    }
+
+    /// Counts reads, to see when the cache goes to the target.
+    struct Counting<'a>(&'a Heap, std::cell::Cell<u64>);
+    impl RemoteMemory for Counting<'_> {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+            self.1.set(self.1.get() + 1);
+            self.0.read(addr, buf)
+        }
+    }
+
+    #[test]
+    fn cache_reads_once_then_on_schedule_or_for_a_new_ident() {
+        let o = offsets_for_tests(12);
+        let (heap, interp, idents) = build(&o, NAMES, false);
+        let mem = Counting(&heap, Default::default());
+        let mut states: Vec<(u64, u64)> = idents.iter().map(|&i| (interp, i)).collect();
+        let mut cache = NameCache::default();
+        let t0 = Instant::now();
+        cache.refresh(&mem, &o, states.iter().copied());
+        let first = mem.1.get();
+        assert!(first > 0);
+        assert_eq!(cache.get(interp, idents[2]), Some("ünïcødé-名前"));
+        cache.refresh(&mem, &o, states.iter().copied());
+        if t0.elapsed() < REFRESH_EVERY {
+            assert_eq!(mem.1.get(), first, "no re-read within the interval");
+        }
+        states.push((interp, 0x1234_5000));
+        cache.refresh(&mem, &o, states.iter().copied());
+        if t0.elapsed() < MIN_REFRESH {
+            assert_eq!(mem.1.get(), first, "an unknown ident waits for MIN_REFRESH");
+        }
+        std::thread::sleep(MIN_REFRESH);
+        let t1 = Instant::now();
+        cache.refresh(&mem, &o, states.iter().copied());
+        let second = mem.1.get();
+        assert!(second > first, "an unknown ident triggers a re-read");
+        std::thread::sleep(MIN_REFRESH);
+        cache.refresh(&mem, &o, states.iter().copied());
+        if t1.elapsed() < REFRESH_EVERY {
+            assert_eq!(mem.1.get(), second, "once seen, an unnamed ident no longer triggers re-reads");
+        }
+        assert_eq!(cache.get(interp, 0x1234_5000), None);
+        assert_eq!(cache.get(interp, idents[0]), Some("MainThread"));
+    }
+}
