@@ -141,7 +141,7 @@ impl Session {
         if needs.names {
             // The raw reader, not the per-sample prefetch view: names are read
             // rarely and should not enter the prefetch plan.
-            self.py_names.refresh(&a.mem, o, &self.states);
+            self.py_names.refresh(&a.mem, o, self.states.iter().map(|t| (t.interp, t.thread_id)));
         }
         let mut out = Vec::with_capacity(self.states.len());
         let mut holder_by_interp: Vec<(u64, Option<u64>)> = Vec::new();
