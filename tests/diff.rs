@@ -10,10 +10,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Instant;
 
-use common::{in_ci, interpreters, pyprof_bin, temp_dir};
+use common::{chromium, find_chromium, in_ci, interpreters, pyprof_bin, script_errors, temp_dir};
 use pyprof::diff::report::percent;
 use serde_json::Value;
 
@@ -356,63 +356,6 @@ fn collapsed_and_json_inputs_agree() {
     };
     assert_eq!(shares(&reports[0]), shares(&reports[1]));
     assert!(reports[1]["base"]["meta"].is_null() && reports[0]["base"]["meta"]["python_version"] == "3.10.13");
-}
-
-fn find_chromium() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    ["chromium", "chromium-browser"].iter().flat_map(|name| std::env::split_paths(&path).map(move |dir| dir.join(name))).find(|p| p.is_file())
-}
-
-/// Runs headless Chromium on `url` with `args` (as tests/render_flamegraph.rs does); returns (stdout, stderr).
-fn chromium(exe: &Path, dir: &Path, tag: &str, args: &[&str], url: &str) -> (String, String) {
-    let profile_dir = dir.join(format!("chromium-profile-{tag}"));
-    let stdout_path = dir.join(format!("{tag}.stdout"));
-    let stderr_path = dir.join(format!("{tag}.stderr"));
-    let mut child = Command::new(exe)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--disable-dev-shm-usage",
-            "--enable-logging=stderr",
-            "--v=0",
-            "--virtual-time-budget=5000",
-            "--window-size=1200,400",
-        ])
-        .arg(format!("--user-data-dir={}", profile_dir.display()))
-        .args(args)
-        .arg(url)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&stdout_path).unwrap())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {}: {e}", exe.display()));
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("chromium ({tag}) did not finish in 90 s; stderr in {}", stderr_path.display());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let stdout = std::fs::read_to_string(&stdout_path).unwrap();
-    let stderr = std::fs::read_to_string(&stderr_path).unwrap();
-    assert!(status.success(), "chromium ({tag}) failed: {status}\n{stderr}");
-    let _ = std::fs::remove_dir_all(&profile_dir);
-    (stdout, stderr)
-}
-
-fn script_errors(stderr: &str) -> Vec<&str> {
-    stderr.lines().filter(|l| l.contains(":CONSOLE") && (l.contains("Uncaught") || l.contains("Error"))).collect()
 }
 
 /// The fill colour of the rectangle whose tooltip starts with `label`.

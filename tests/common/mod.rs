@@ -219,3 +219,65 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// Headless Chromium, for tests that render SVG output like a person would see it.
+pub fn find_chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    ["chromium", "chromium-browser"].iter().flat_map(|name| std::env::split_paths(&path).map(move |dir| dir.join(name))).find(|p| p.is_file())
+}
+
+/// Runs headless Chromium on `url` with `args`; returns (stdout, stderr).
+pub fn chromium(exe: &Path, dir: &Path, tag: &str, args: &[&str], url: &str) -> (String, String) {
+    let profile_dir = dir.join(format!("chromium-profile-{tag}"));
+    let stdout_path = dir.join(format!("{tag}.stdout"));
+    let stderr_path = dir.join(format!("{tag}.stderr"));
+    let mut child = Command::new(exe)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            // Console messages (and so uncaught script errors) go to stderr.
+            "--enable-logging=stderr",
+            "--v=0",
+            // Let onload and inferno's setTimeout(…, 0) run before the dump.
+            "--virtual-time-budget=5000",
+            "--window-size=1200,400",
+        ])
+        .arg(format!("--user-data-dir={}", profile_dir.display()))
+        .args(args)
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout_path).unwrap())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", exe.display()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("chromium ({tag}) did not finish in 90 s; stderr in {}", stderr_path.display());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let stdout = std::fs::read_to_string(&stdout_path).unwrap();
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap();
+    assert!(status.success(), "chromium ({tag}) failed: {status}\n{stderr}");
+    let _ = std::fs::remove_dir_all(&profile_dir);
+    (stdout, stderr)
+}
+
+/// Console lines that report a script error.
+pub fn script_errors(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.contains(":CONSOLE") && (l.contains("Uncaught") || l.contains("Error"))).collect()
+}
+
