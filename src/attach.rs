@@ -86,13 +86,7 @@ pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Attached> {
     Err(Error::NotPython { pid, why: why.join("; ") })
 }
 
-fn attach_module(
-    target: &Target,
-    mem: &VmReader,
-    maps: &[Mapping],
-    module: &str,
-    opts: &AttachOptions,
-) -> Result<(Offsets, u64, Method)> {
+fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str, opts: &AttachOptions) -> Result<(Offsets, u64, Method)> {
     let pid = target.pid;
     let elf = ElfFile::open(&target.host_path(module))?;
     let own: Vec<&Mapping> = maps.iter().filter(|m| m.path.as_deref() == Some(module)).collect();
@@ -146,9 +140,7 @@ fn attach_module(
     if found.is_none() && allowed(Method::Scan) {
         let b = blocks.get_or_insert_with(&mut data);
         found = if file.debug_fields.is_some() {
-            runtime::cookie_candidates(b)
-                .into_iter()
-                .find(|&rt| build(rt).is_ok_and(|o| runtime::verify_runtime(mem, maps, &o, rt)))
+            runtime::cookie_candidates(b).into_iter().find(|&rt| build(rt).is_ok_and(|o| runtime::verify_runtime(mem, maps, &o, rt)))
         } else {
             let o = build(0)?;
             runtime::scan(mem, maps, &o, b)
@@ -165,7 +157,10 @@ fn attach_module(
     let offsets = build(rt)?;
     if !runtime::verify_cycle(mem, maps, &offsets, rt) {
         // A process still starting up has no thread state yet: say so plainly.
-        return Err(Error::RuntimeNotFound { pid, why: format!("_PyRuntime at {rt:#x} ({method}) has no live interpreter/thread state (still starting or finalizing?)") });
+        return Err(Error::RuntimeNotFound {
+            pid,
+            why: format!("_PyRuntime at {rt:#x} ({method}) has no live interpreter/thread state (still starting or finalizing?)"),
+        });
     }
     Ok((offsets, rt, method))
 }

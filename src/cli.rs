@@ -127,12 +127,7 @@ impl RecordArgs {
         let output = self.output.unwrap_or_else(|| default_output(&target, format));
         Ok(RecordConfig {
             target,
-            sampling: SamplingConfig {
-                rate_hz: self.rate,
-                duration: self.duration,
-                mode: self.mode,
-                include_empty: self.include_idle_threads,
-            },
+            sampling: SamplingConfig { rate_hz: self.rate, duration: self.duration, mode: self.mode, include_empty: self.include_idle_threads },
             aggregate: AggregateOptions { by_function: self.function, thread_roots: self.threads, process_roots: self.subprocesses },
             output,
             format,
@@ -200,11 +195,7 @@ impl DiffArgs {
             new: self.new,
             threshold_pp: self.threshold,
             alpha: self.alpha,
-            keys: crate::diff::keys::KeyOptions {
-                lines: self.lines,
-                strip_prefixes: self.strip_prefix,
-                root: root.map(|r| r.to_string_lossy().into_owned()),
-            },
+            keys: crate::diff::keys::KeyOptions { lines: self.lines, strip_prefixes: self.strip_prefix, root: root.map(|r| r.to_string_lossy().into_owned()) },
             design_effect: self.design_effect,
             top: self.top,
             markdown: self.markdown,

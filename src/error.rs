@@ -11,9 +11,7 @@ pub enum Error {
     #[error("no process with pid {0}")]
     NoSuchProcess(i32),
 
-    #[error(
-        "permission denied reading memory of pid {pid}: {hint}"
-    )]
+    #[error("permission denied reading memory of pid {pid}: {hint}")]
     PermissionDenied { pid: i32, hint: String },
 
     #[error("pid {pid} is not a Python process: {why}")]
@@ -29,12 +27,7 @@ pub enum Error {
     ProcessGone(i32),
 
     #[error("cannot read {len} bytes at {addr:#x} in pid {pid}: {source}")]
-    Read {
-        pid: i32,
-        addr: u64,
-        len: usize,
-        source: std::io::Error,
-    },
+    Read { pid: i32, addr: u64, len: usize, source: std::io::Error },
 
     #[error("inconsistent data in target: {0}")]
     Corrupt(String),
@@ -70,9 +63,7 @@ pub fn permission_hint() -> String {
     if let Ok(scope) = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope") {
         let scope = scope.trim();
         if scope != "0" {
-            hint.push_str(&format!(
-                "; kernel.yama.ptrace_scope is {scope}: `sudo sysctl kernel.yama.ptrace_scope=0` lets same-user attach"
-            ));
+            hint.push_str(&format!("; kernel.yama.ptrace_scope is {scope}: `sudo sysctl kernel.yama.ptrace_scope=0` lets same-user attach"));
         }
     }
     hint

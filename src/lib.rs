@@ -20,10 +20,10 @@ pub mod error;
 pub mod offsets;
 pub mod output;
 pub mod process;
-pub mod record;
-pub mod sampler;
 pub mod profile;
 pub mod python;
+pub mod record;
+pub mod sampler;
 pub mod session;
 
 use std::io::Write;

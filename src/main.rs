@@ -8,11 +8,8 @@ fn main() {
         Err(e) => {
             // clap's report spans several lines (usage, hints); bad input gets one.
             let text = e.to_string();
-            let line: Vec<&str> = text
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information"))
-                .collect();
+            let line: Vec<&str> =
+                text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information")).collect();
             eprintln!("pyprof: {}", line.join(" ").trim_start_matches("error: "));
             std::process::exit(2);
         }

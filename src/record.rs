@@ -80,10 +80,7 @@ impl Drop for PendingOutput {
 const LAUNCH_ATTACH_TIMEOUT: Duration = Duration::from_secs(3);
 
 fn launch(argv: &[String], opts: &AttachOptions) -> anyhow::Result<(Child, Session)> {
-    let mut child = Command::new(&argv[0])
-        .args(&argv[1..])
-        .spawn()
-        .with_context(|| format!("cannot run {:?}", argv[0]))?;
+    let mut child = Command::new(&argv[0]).args(&argv[1..]).spawn().with_context(|| format!("cannot run {:?}", argv[0]))?;
     let pid = child.id() as i32;
     let started = Instant::now();
     loop {

@@ -150,7 +150,12 @@ fn same_workload_twice_does_not_alarm_and_false_alarm_rate_is_within_alpha() {
         z2.iter().sum::<f64>() / z2.len() as f64,
     );
     assert!(alarms.len() <= 1, "{} false alarms in {PAIRS} pairs at the defaults:\n{}", alarms.len(), alarms.join("\n"));
-    assert!(alarms_no_threshold.len() <= 1, "{} false alarms in {PAIRS} pairs without threshold:\n{}", alarms_no_threshold.len(), alarms_no_threshold.join("\n"));
+    assert!(
+        alarms_no_threshold.len() <= 1,
+        "{} false alarms in {PAIRS} pairs without threshold:\n{}",
+        alarms_no_threshold.len(),
+        alarms_no_threshold.join("\n")
+    );
 }
 
 /// `victim()` doing three times the work: exit 1, and the report names

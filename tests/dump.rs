@@ -49,7 +49,16 @@ fn dump_equals_interpreters_own_view_of_every_thread() {
             // Spot checks of what the scenarios promise, independent of the oracle.
             if names.first() == Some(&"spin_forever") {
                 let inner = if py.minor >= 11 { "Outer.method.<locals>.inner" } else { "inner" };
-                assert_eq!(&names[..5], &["spin_forever", if py.minor >= 11 { "Outer.method.<locals>.inner.<locals>.<lambda>" } else { "<lambda>" }, inner, if py.minor >= 11 { "Outer.method" } else { "method" }, "<module>"]);
+                assert_eq!(
+                    &names[..5],
+                    &[
+                        "spin_forever",
+                        if py.minor >= 11 { "Outer.method.<locals>.inner.<locals>.<lambda>" } else { "<lambda>" },
+                        inner,
+                        if py.minor >= 11 { "Outer.method" } else { "method" },
+                        "<module>"
+                    ]
+                );
                 assert_eq!(want[0].1, stacks_py);
                 assert_eq!(got["on_cpu"], true, "the spinning main thread is on CPU");
             }

@@ -104,9 +104,6 @@ fn check_churn_dump(json: &[u8]) {
         let levels = names.iter().take_while(|n| **n == "level").count();
         assert!(levels <= 7, "{names:?}");
         let rest = &names[levels..];
-        assert!(
-            rest == ["churn", "<module>"] || rest.is_empty() || rest == ["<module>"],
-            "impossible stack {names:?}"
-        );
+        assert!(rest == ["churn", "<module>"] || rest.is_empty() || rest == ["<module>"], "impossible stack {names:?}");
     }
 }

@@ -27,17 +27,11 @@ fn interpreters() -> Vec<(String, Vec<String>)> {
     let mut v = Vec::new();
     for ver in ["3.8.18", "3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0"] {
         let minor = ver.rsplit_once('.').unwrap().0;
-        v.push((
-            format!("pyenv-{ver}"),
-            vec![format!("/root/.pyenv/versions/{ver}/bin/python{minor}")],
-        ));
+        v.push((format!("pyenv-{ver}"), vec![format!("/root/.pyenv/versions/{ver}/bin/python{minor}")]));
     }
     v.push(("debian-3.11".into(), vec!["/usr/bin/python3.11".into()]));
     for minor in ["3.13", "3.14", "3.15"] {
-        v.push((
-            format!("sid-{minor}"),
-            vec!["chroot".into(), SID_ROOT.into(), format!("python{minor}")],
-        ));
+        v.push((format!("sid-{minor}"), vec!["chroot".into(), SID_ROOT.into(), format!("python{minor}")]));
     }
     v
 }
@@ -95,12 +89,7 @@ fn run_corpus(label: &str, argv: &[String], no_debug_ranges: bool) -> Result<Cor
     let mut cleanup = None;
     let mut full: Vec<String> = argv.to_vec();
     if argv[0] == "chroot" {
-        let name = format!(
-            "pyprof_linetable_corpus_{}_{}_{}.py",
-            std::process::id(),
-            label,
-            no_debug_ranges as u8
-        );
+        let name = format!("pyprof_linetable_corpus_{}_{}_{}.py", std::process::id(), label, no_debug_ranges as u8);
         let dest = Path::new(&argv[1]).join("tmp").join(&name);
         std::fs::copy(&script, &dest).map_err(|e| format!("copy into chroot: {e}"))?;
         cleanup = Some(dest);
@@ -110,8 +99,7 @@ fn run_corpus(label: &str, argv: &[String], no_debug_ranges: bool) -> Result<Cor
     }
     let mut cmd = Command::new(&full[0]);
     cmd.args(&full[1..]);
-    cmd.env_remove("PYTHONNODEBUGRANGES")
-        .env("PYTHONDONTWRITEBYTECODE", "1");
+    cmd.env_remove("PYTHONNODEBUGRANGES").env("PYTHONDONTWRITEBYTECODE", "1");
     if no_debug_ranges {
         cmd.env("PYTHONNODEBUGRANGES", "1");
     }
@@ -121,19 +109,13 @@ fn run_corpus(label: &str, argv: &[String], no_debug_ranges: bool) -> Result<Cor
     }
     let out = out.map_err(|e| format!("spawn {full:?}: {e}"))?;
     if !out.status.success() {
-        return Err(format!(
-            "{full:?} failed with {}:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
+        return Err(format!("{full:?} failed with {}:\n{}", out.status, String::from_utf8_lossy(&out.stderr)));
     }
     serde_json::from_slice(&out.stdout).map_err(|e| format!("bad JSON from {full:?}: {e}"))
 }
 
 fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
-        .collect()
+    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex")).collect()
 }
 
 /// Per-run statistics, reported so that coverage of the table features is visible.
@@ -156,11 +138,7 @@ fn table_features(kind: LineTableKind, t: &[u8], stats: &mut Stats) {
             for p in t.chunks_exact(2) {
                 let d = p[1] as i8;
                 if d == -128 {
-                    bump(if kind == LineTableKind::Lnotab {
-                        "line-128"
-                    } else {
-                        "no-line(-128)"
-                    });
+                    bump(if kind == LineTableKind::Lnotab { "line-128" } else { "no-line(-128)" });
                 } else if d < 0 {
                     bump("neg-delta");
                 }
@@ -193,17 +171,12 @@ fn table_features(kind: LineTableKind, t: &[u8], stats: &mut Stats) {
 
 fn check_corpus(label: &str, corpus: &Corpus, stats: &mut Stats) -> Vec<String> {
     let (major, minor) = (corpus.version[0], corpus.version[1]);
-    let kind = LineTableKind::for_version(major, minor)
-        .unwrap_or_else(|| panic!("{label}: unsupported version {:?}", corpus.version));
+    let kind = LineTableKind::for_version(major, minor).unwrap_or_else(|| panic!("{label}: unsupported version {:?}", corpus.version));
     let mut errors = Vec::new();
     // Offsets are in the decoder's unit: bytes for lnotab, code units after.
     let instr_of = |unit: usize| -> i32 {
         let unit = unit as i32;
-        if kind == LineTableKind::Lnotab {
-            unit * 2
-        } else {
-            unit
-        }
+        if kind == LineTableKind::Lnotab { unit * 2 } else { unit }
     };
     for code in &corpus.codes {
         stats.codes += 1;
@@ -239,11 +212,7 @@ fn check_corpus(label: &str, corpus: &Corpus, stats: &mut Stats) -> Vec<String> 
         };
         // PyCode_Addr2Line: never "no line" on <= 3.9; -1 means no line after.
         let from_a2l = |v: i32| {
-            if kind == LineTableKind::Lnotab || v != -1 {
-                Some(v)
-            } else {
-                None
-            }
+            if kind == LineTableKind::Lnotab || v != -1 { Some(v) } else { None }
         };
 
         // 1. PyCode_Addr2Line at (strided) instruction starts.
@@ -278,9 +247,7 @@ fn check_corpus(label: &str, corpus: &Corpus, stats: &mut Stats) -> Vec<String> 
             let stride = cost.div_ceil(CHECK_BUDGET).max(1);
             let mut boundaries = 0usize;
             for (unit, &exp) in expected.iter().enumerate() {
-                let boundary = unit == 0
-                    || expected[unit - 1] != exp
-                    || expected.get(unit + 1).is_some_and(|&next| next != exp);
+                let boundary = unit == 0 || expected[unit - 1] != exp || expected.get(unit + 1).is_some_and(|&next| next != exp);
                 let sampled = if boundary {
                     boundaries += 1;
                     (boundaries - 1) % stride == 0
@@ -333,12 +300,7 @@ fn check_corpus(label: &str, corpus: &Corpus, stats: &mut Stats) -> Vec<String> 
         if let Some(pos) = &code.pos {
             check_units("co_positions()", pos);
             if pos.len() != code.n {
-                report(
-                    "co_positions() length",
-                    pos.len() as i32,
-                    Some(code.n as i32),
-                    None,
-                );
+                report("co_positions() length", pos.len() as i32, Some(code.n as i32), None);
             }
         }
     }
@@ -346,13 +308,7 @@ fn check_corpus(label: &str, corpus: &Corpus, stats: &mut Stats) -> Vec<String> 
 }
 
 /// Result of one interpreter: `Err((why, missing))` if it could not be checked.
-type Outcome = Result<
-    (
-        Vec<String>, /* summaries */
-        Vec<String>, /* failures */
-    ),
-    (String, bool),
->;
+type Outcome = Result<(Vec<String> /* summaries */, Vec<String> /* failures */), (String, bool)>;
 
 fn check_interpreter(label: &str, argv: &[String]) -> Outcome {
     if let Some(why) = unavailable(argv) {
@@ -379,11 +335,7 @@ fn check_interpreter(label: &str, argv: &[String]) -> Outcome {
             v[0],
             v[1],
             v[2],
-            if no_debug_ranges {
-                "no_debug_ranges"
-            } else {
-                ""
-            },
+            if no_debug_ranges { "no_debug_ranges" } else { "" },
             stats.codes,
             stats.offsets,
             stats.checks,
@@ -403,14 +355,8 @@ fn decoders_match_interpreters() {
 
     // One thread per interpreter: run the corpus script, then check it.
     let results: Vec<(String, Outcome)> = std::thread::scope(|s| {
-        let handles: Vec<_> = interps
-            .iter()
-            .map(|(label, argv)| s.spawn(move || (label.clone(), check_interpreter(label, argv))))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("checker thread"))
-            .collect()
+        let handles: Vec<_> = interps.iter().map(|(label, argv)| s.spawn(move || (label.clone(), check_interpreter(label, argv)))).collect();
+        handles.into_iter().map(|h| h.join().expect("checker thread")).collect()
     });
 
     for (label, outcome) in results {

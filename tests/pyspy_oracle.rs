@@ -179,12 +179,8 @@ fn pyspy_and_pyprof_agree_on_a_frozen_target() {
         let target = py.spawn("stacks.py", &[]);
         let pid = target.pid();
         let own: Value = serde_json::from_str(&target.first_line).expect("stacks.py's report");
-        let own: BTreeMap<i64, Vec<Frame>> = own["threads"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| (t["native_id"].as_i64().expect("native id"), frames(t, "function", "file")))
-            .collect();
+        let own: BTreeMap<i64, Vec<Frame>> =
+            own["threads"].as_array().unwrap().iter().map(|t| (t["native_id"].as_i64().expect("native id"), frames(t, "function", "file"))).collect();
         // The reporter thread exits right after printing (and is not in its own
         // report); wait for it so both tools see exactly the reported threads.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -206,7 +202,8 @@ fn pyspy_and_pyprof_agree_on_a_frozen_target() {
 
         assert_eq!(mine["pid"].as_i64(), Some(pid as i64));
         let mine: BTreeMap<u64, &Value> = mine["threads"].as_array().unwrap().iter().map(|t| (t["python_id"].as_u64().expect("python_id"), t)).collect();
-        let theirs: BTreeMap<u64, &Value> = theirs.as_array().expect("py-spy prints a JSON array of threads").iter().map(|t| (t["thread_id"].as_u64().expect("thread_id"), t)).collect();
+        let theirs: BTreeMap<u64, &Value> =
+            theirs.as_array().expect("py-spy prints a JSON array of threads").iter().map(|t| (t["thread_id"].as_u64().expect("thread_id"), t)).collect();
 
         // Which threads exist.
         assert_eq!(

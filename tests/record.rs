@@ -18,11 +18,7 @@ fn read_profile(path: &Path) -> Profile {
 
 /// Samples whose stack contains a frame of function `name` (inclusive count).
 fn inclusive(p: &Profile, name: &str) -> u64 {
-    p.stacks
-        .iter()
-        .filter(|s| s.frames.iter().any(|&f| p.frames[f as usize].function == name))
-        .map(|s| s.count)
-        .sum()
+    p.stacks.iter().filter(|s| s.frames.iter().any(|&f| p.frames[f as usize].function == name)).map(|s| s.count).sum()
 }
 
 /// The tests here run one at a time: they measure rates and shares, and
@@ -204,12 +200,7 @@ fn subprocesses_are_followed() {
         let p = read_profile(&out_path);
         assert!(inclusive(&p, "child_work") > 100, "child's function seen {} times", inclusive(&p, "child_work"));
         assert!(inclusive(&p, "parent_wait") > 50);
-        let procs: std::collections::HashSet<&str> = p
-            .frames
-            .iter()
-            .filter(|f| f.kind == FrameKind::Process)
-            .map(|f| f.function.as_str())
-            .collect();
+        let procs: std::collections::HashSet<&str> = p.frames.iter().filter(|f| f.kind == FrameKind::Process).map(|f| f.function.as_str()).collect();
         assert_eq!(procs.len(), 2, "one root per process: {procs:?}");
         assert!(procs.iter().any(|f| f.contains("-c")), "{procs:?}");
     });

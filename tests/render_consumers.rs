@@ -76,13 +76,8 @@ fn speedscope_validates_against_the_shipped_schema() {
     let scratch = Scratch::new("speedscope");
     let good = scratch.path("example.speedscope.json");
     render(&Speedscope, &Profile::example(), &good);
-    let validate = |data: &Path| {
-        run(Command::new(&ajv)
-            .args(["validate", "--spec=draft7", "--strict=false", "--all-errors", "-s"])
-            .arg(&schema)
-            .arg("-d")
-            .arg(data))
-    };
+    let validate =
+        |data: &Path| run(Command::new(&ajv).args(["validate", "--spec=draft7", "--strict=false", "--all-errors", "-s"]).arg(&schema).arg("-d").arg(data));
     let (ok, text) = validate(&good);
     println!("{text}");
     assert!(ok && text.contains("valid"), "ajv rejected the speedscope file:\n{text}");
@@ -109,8 +104,7 @@ fn top_rows(text: &str) -> Vec<(String, String)> {
             }
             // flat flat% sum% cum cum%
             let pct = |s: &str| s.ends_with('%');
-            (pct(cols[1]) && pct(cols[2]) && pct(cols[4]) && !rest.is_empty())
-                .then(|| (cols[0].to_owned(), rest.trim_end().to_owned()))
+            (pct(cols[1]) && pct(cols[2]) && pct(cols[4]) && !rest.is_empty()).then(|| (cols[0].to_owned(), rest.trim_end().to_owned()))
         })
         .collect()
 }

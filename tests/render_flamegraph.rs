@@ -8,7 +8,6 @@
 
 mod common;
 
-
 use common::{chromium, find_chromium, in_ci, script_errors, temp_dir};
 use pyprof::output::Writer;
 use pyprof::output::flamegraph::{Flamegraph, FlamegraphOptions};

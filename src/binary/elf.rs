@@ -68,18 +68,11 @@ impl ElfFile {
                 }
             }
         }
-        let loads = elf
-            .program_headers
-            .iter()
-            .filter(|p| p.p_type == PT_LOAD)
-            .map(|p| Load { vaddr: p.p_vaddr, offset: p.p_offset, filesz: p.p_filesz })
-            .collect();
-        let build_id = elf.iter_note_headers(&bytes).and_then(|notes| {
-            notes
-                .filter_map(|n| n.ok())
-                .find(|n| n.n_type == goblin::elf::note::NT_GNU_BUILD_ID)
-                .map(|n| n.desc.to_vec())
-        });
+        let loads =
+            elf.program_headers.iter().filter(|p| p.p_type == PT_LOAD).map(|p| Load { vaddr: p.p_vaddr, offset: p.p_offset, filesz: p.p_filesz }).collect();
+        let build_id = elf
+            .iter_note_headers(&bytes)
+            .and_then(|notes| notes.filter_map(|n| n.ok()).find(|n| n.n_type == goblin::elf::note::NT_GNU_BUILD_ID).map(|n| n.desc.to_vec()));
         Ok(ElfFile { path: path.into(), sections, symbols, loads, build_id })
     }
 
@@ -110,10 +103,6 @@ impl ElfFile {
 
     /// Writable data the runtime can live in: .data, .PyRuntime, .bss (svma ranges).
     pub fn data_ranges(&self) -> Vec<(u64, u64)> {
-        self.sections
-            .iter()
-            .filter(|s| matches!(s.name.as_str(), ".data" | ".bss" | ".PyRuntime") && s.size > 0)
-            .map(|s| (s.addr, s.addr + s.size))
-            .collect()
+        self.sections.iter().filter(|s| matches!(s.name.as_str(), ".data" | ".bss" | ".PyRuntime") && s.size > 0).map(|s| (s.addr, s.addr + s.size)).collect()
     }
 }

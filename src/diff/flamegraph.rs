@@ -59,9 +59,7 @@ pub fn write(diff: &Diff, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     let mut opt = Options::default();
     opt.title = title;
-    opt.subtitle = Some(
-        "red: self share grew in NEW · blue: self share shrank · width: NEW's samples (BASE scaled to NEW's total)".to_string(),
-    );
+    opt.subtitle = Some("red: self share grew in NEW · blue: self share shrank · width: NEW's samples (BASE scaled to NEW's total)".to_string());
     opt.count_name = "samples".to_string();
     opt.text_truncate_direction = TextTruncateDirection::Right;
     let mut w = BufWriter::new(out);

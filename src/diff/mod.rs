@@ -346,9 +346,7 @@ pub fn compare(base: &Input, new: &Input, cfg: &DiffConfig) -> anyhow::Result<Di
 
     for (role, samples) in [("BASE", n1), ("NEW", n2)] {
         if samples < FEW_SAMPLES {
-            warnings.push(format!(
-                "{role} has only {samples} samples: only large changes can be significant (record longer or at a higher rate)"
-            ));
+            warnings.push(format!("{role} has only {samples} samples: only large changes can be significant (record longer or at a higher rate)"));
         }
     }
 
@@ -396,21 +394,14 @@ pub fn settings_warnings(base: &Input, new: &Input, keys: &KeyOptions) -> Vec<St
     let mut w = Vec::new();
     let (Some(a), Some(b)) = (base.meta(), new.meta()) else { return w };
     if a.mode != b.mode {
-        w.push(format!(
-            "different sampling modes (BASE {}, NEW {}): the shares measure different things and are not comparable",
-            a.mode, b.mode
-        ));
+        w.push(format!("different sampling modes (BASE {}, NEW {}): the shares measure different things and are not comparable", a.mode, b.mode));
     }
     if (a.rate_hz - b.rate_hz).abs() > 0.01 * a.rate_hz.max(b.rate_hz) {
         w.push(format!("different sampling rates (BASE {} Hz, NEW {} Hz)", number(a.rate_hz), number(b.rate_hz)));
     }
     let (da, db) = (a.duration_secs, b.duration_secs);
     if da > 0.0 && db > 0.0 && da.max(db) > 1.25 * da.min(db) {
-        w.push(format!(
-            "different durations (BASE {} s, NEW {} s): start-up and phases weigh differently",
-            number(da),
-            number(db)
-        ));
+        w.push(format!("different durations (BASE {} s, NEW {} s): start-up and phases weigh differently", number(da), number(db)));
     }
     if a.python_version != b.python_version {
         w.push(format!(
@@ -547,7 +538,15 @@ mod tests {
         b.meta.errors.insert("skipped_ticks".into(), 270);
         let w = settings_warnings(&input(a), &input(b), &KeyOptions::default());
         let all = w.join("\n");
-        for needle in ["sampling modes (BASE wall, NEW cpu)", "sampling rates (BASE 1000 Hz, NEW 100 Hz)", "Python versions", "durations", "command lines", "lost 17%", "NEW was recorded on a busy machine (0 late ticks, 270 skipped"] {
+        for needle in [
+            "sampling modes (BASE wall, NEW cpu)",
+            "sampling rates (BASE 1000 Hz, NEW 100 Hz)",
+            "Python versions",
+            "durations",
+            "command lines",
+            "lost 17%",
+            "NEW was recorded on a busy machine (0 late ticks, 270 skipped",
+        ] {
             assert!(all.contains(needle), "{needle} missing from:\n{all}");
         }
     }

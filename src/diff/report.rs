@@ -221,13 +221,8 @@ fn md_table(out: &mut String, rows: &[&Row], up: bool, top: usize) {
             let p = if up { m.p_up_holm } else { m.p_down_holm };
             let delta = if flagged { format!("**{}**", delta_pp(m.test.delta)) } else { delta_pp(m.test.delta) };
             let (f, fl) = if i == 0 { (md_code(&row.key.function), md_code(&file)) } else { (String::new(), String::new()) };
-            let _ = writeln!(
-                out,
-                "| {f} | {fl} | {name} | {} | {} | {delta} | {} |",
-                percent(m.test.base_share),
-                percent(m.test.new_share),
-                md_cell(&p_value(p))
-            );
+            let _ =
+                writeln!(out, "| {f} | {fl} | {name} | {} | {} | {delta} | {} |", percent(m.test.base_share), percent(m.test.new_share), md_cell(&p_value(p)));
         }
     }
     if rows.len() > shown.len() {

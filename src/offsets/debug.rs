@@ -26,10 +26,10 @@ pub fn read_version(mem: &dyn RemoteMemory, runtime: u64) -> Result<Option<Pytho
 /// Read and name every word of the target's `_Py_DebugOffsets`; the file's own
 /// fields fill in what the debug struct does not carry.
 pub fn load(mem: &dyn RemoteMemory, runtime: u64, file: &VersionFile, version: &PythonVersion) -> Result<FieldMap> {
-    let names = file.debug_fields.as_ref().ok_or_else(|| Error::BadOffsets {
-        version: version.to_string(),
-        why: "no _Py_DebugOffsets field list for this version".into(),
-    })?;
+    let names = file
+        .debug_fields
+        .as_ref()
+        .ok_or_else(|| Error::BadOffsets { version: version.to_string(), why: "no _Py_DebugOffsets field list for this version".into() })?;
     let mut raw = vec![0u8; 8 + names.len() * 8];
     mem.read(runtime, &mut raw)?;
     if &raw[..8] != COOKIE {

@@ -252,10 +252,7 @@ struct Fields<'a> {
 
 impl Fields<'_> {
     fn get(&self, key: &str) -> Result<u64> {
-        self.map.get(key).copied().ok_or_else(|| Error::BadOffsets {
-            version: self.version.to_string(),
-            why: format!("missing field {key}"),
-        })
+        self.map.get(key).copied().ok_or_else(|| Error::BadOffsets { version: self.version.to_string(), why: format!("missing field {key}") })
     }
     fn opt(&self, key: &str) -> Option<u64> {
         self.map.get(key).copied()
@@ -266,13 +263,7 @@ impl Fields<'_> {
 }
 
 impl Offsets {
-    pub fn build(
-        version: PythonVersion,
-        layout: Layout,
-        map: &FieldMap,
-        constants: Constants,
-        provenance: String,
-    ) -> Result<Offsets> {
+    pub fn build(version: PythonVersion, layout: Layout, map: &FieldMap, constants: Constants, provenance: String) -> Result<Offsets> {
         let f = Fields { map, version: &version };
         let frame = match layout.frame {
             FrameKind::FrameObject => FrameOffsets {
@@ -366,7 +357,8 @@ impl Offsets {
             Ok(())
         };
         let t = &self.thread;
-        let mut tf = vec![("prev", t.prev, 8), ("next", t.next, 8), ("interp", t.interp, 8), ("current_frame", t.current_frame, 8), ("thread_id", t.thread_id, 8)];
+        let mut tf =
+            vec![("prev", t.prev, 8), ("next", t.next, 8), ("interp", t.interp, 8), ("current_frame", t.current_frame, 8), ("thread_id", t.thread_id, 8)];
         tf.extend(t.native_thread_id.map(|o| ("native_thread_id", o, 8)));
         tf.extend(t.datastack_chunk.map(|o| ("datastack_chunk", o, 8)));
         check("thread_state", t.size, &tf)?;
@@ -412,12 +404,9 @@ fn name_offsets(f: &Fields, instance_dict: InstanceDict) -> Option<NameOffsets> 
         },
     };
     let long_header = match f.opt("long_object.lv_tag") {
-        Some(offset) => LongHeader::LvTag {
-            offset,
-            non_size_bits: c("long_non_size_bits")?,
-            sign_mask: c("long_sign_mask")?,
-            sign_negative: c("long_sign_negative")?,
-        },
+        Some(offset) => {
+            LongHeader::LvTag { offset, non_size_bits: c("long_non_size_bits")?, sign_mask: c("long_sign_mask")?, sign_negative: c("long_sign_negative")? }
+        }
         None => LongHeader::ObSize(f.opt("long_object.ob_size")?),
     };
     let entry = |sec: &str| -> Option<EntryLayout> {
@@ -473,12 +462,8 @@ fn name_offsets(f: &Fields, instance_dict: InstanceDict) -> Option<NameOffsets> 
     // What each strategy needs beyond the common fields.
     let ok = match instance_dict {
         InstanceDict::DictOffset => true,
-        InstanceDict::ManagedValuesPreheader => {
-            n.tpflags_managed_dict.is_some() && n.managed_dict_preheader.is_some() && n.managed_values_preheader.is_some()
-        }
-        InstanceDict::ManagedTaggedPreheader => {
-            n.tpflags_managed_dict.is_some() && n.managed_dict_preheader.is_some() && n.managed_values_tag.is_some()
-        }
+        InstanceDict::ManagedValuesPreheader => n.tpflags_managed_dict.is_some() && n.managed_dict_preheader.is_some() && n.managed_values_preheader.is_some(),
+        InstanceDict::ManagedTaggedPreheader => n.tpflags_managed_dict.is_some() && n.managed_dict_preheader.is_some() && n.managed_values_tag.is_some(),
         InstanceDict::InlineValues => {
             n.tpflags_managed_dict.is_some()
                 && n.tpflags_inline_values.is_some()
@@ -505,7 +490,11 @@ impl NameOffsets {
             }
             Ok(())
         };
-        check("type_object", self.type_size, &[("ob_type", obj.ob_type, 8), ("tp_flags", self.tp_flags, 8), ("tp_basicsize", self.tp_basicsize, 8), ("tp_dictoffset", self.tp_dictoffset, 8)])?;
+        check(
+            "type_object",
+            self.type_size,
+            &[("ob_type", obj.ob_type, 8), ("tp_flags", self.tp_flags, 8), ("tp_basicsize", self.tp_basicsize, 8), ("tp_dictoffset", self.tp_dictoffset, 8)],
+        )?;
         check("heap_type_object", self.heap_type_size, &[("ht_cached_keys", self.ht_cached_keys, 8)])?;
         if self.heap_type_size < self.type_size {
             return Err("heap type smaller than type".into());

@@ -70,11 +70,8 @@ pub fn parse(minor: u32, text: &str) -> Result<VersionFile, String> {
             Some(other) => return Err(format!("unknown instance_dict layout {other}")),
         },
     };
-    let provenance = ["python", "source", "applies_to"]
-        .iter()
-        .filter_map(|k| str_of("provenance", k).map(|v| format!("{k}: {v}")))
-        .collect::<Vec<_>>()
-        .join("; ");
+    let provenance =
+        ["python", "source", "applies_to"].iter().filter_map(|k| str_of("provenance", k).map(|v| format!("{k}: {v}"))).collect::<Vec<_>>().join("; ");
 
     let mut fields = FieldMap::new();
     let mut consts: BTreeMap<String, i64> = BTreeMap::new();

@@ -226,11 +226,7 @@ pub fn build(profile: &Profile) -> proto::Profile {
         let label = thread_labels
             .entry(stack.thread)
             .or_insert_with(|| {
-                let mut l = vec![proto::Label {
-                    key: thread_key,
-                    str: strings.intern(&thread_name(profile, stack.thread)),
-                    ..Default::default()
-                }];
+                let mut l = vec![proto::Label { key: thread_key, str: strings.intern(&thread_name(profile, stack.thread)), ..Default::default() }];
                 if let Some(t) = profile.threads.get(stack.thread as usize) {
                     if let Some(id) = t.native_id {
                         l.push(proto::Label { key: thread_id_key, num: to_i64(id), ..Default::default() });
@@ -335,8 +331,7 @@ mod tests {
         assert_eq!(total_ns, 150 * 10_000_000);
 
         let leaves = flat(&pp, 0);
-        let want: BTreeMap<String, i64> =
-            [("work".to_owned(), 100), ("main".to_owned(), 20), ("Other.sleep <&>".to_owned(), 30)].into();
+        let want: BTreeMap<String, i64> = [("work".to_owned(), 100), ("main".to_owned(), 20), ("Other.sleep <&>".to_owned(), 30)].into();
         assert_eq!(leaves, want);
 
         // Leaf first: the first sample is work <- main <- <module>.

@@ -74,11 +74,7 @@ pub(crate) fn thread_name(profile: &Profile, index: u32) -> String {
 }
 
 pub(crate) fn command_name(profile: &Profile) -> String {
-    if profile.meta.command.is_empty() {
-        format!("pid {}", profile.meta.pid)
-    } else {
-        profile.meta.command.join(" ")
-    }
+    if profile.meta.command.is_empty() { format!("pid {}", profile.meta.pid) } else { profile.meta.command.join(" ") }
 }
 
 pub(crate) fn exporter_version(profile: &Profile) -> &str {
@@ -87,15 +83,7 @@ pub(crate) fn exporter_version(profile: &Profile) -> &str {
 
 impl Writer for Speedscope {
     fn write(&self, profile: &Profile, out: &mut dyn Write) -> anyhow::Result<()> {
-        let frames = profile
-            .frames
-            .iter()
-            .map(|f| SFrame {
-                name: &f.function,
-                file: (!f.file.is_empty()).then_some(f.file.as_str()),
-                line: f.line,
-            })
-            .collect();
+        let frames = profile.frames.iter().map(|f| SFrame { name: &f.function, file: (!f.file.is_empty()).then_some(f.file.as_str()), line: f.line }).collect();
 
         // Weights in nanoseconds when the rate is known, else plain counts.
         let period = profile.period_ns();
@@ -120,11 +108,7 @@ impl Writer for Speedscope {
         }
         let profiles: Vec<SampledProfile> = by_thread.into_values().collect();
         // Open on the busiest thread (the first one on ties).
-        let active_profile_index = profiles
-            .iter()
-            .enumerate()
-            .max_by(|(ia, a), (ib, b)| a.end_value.cmp(&b.end_value).then(ib.cmp(ia)))
-            .map_or(0, |(i, _)| i);
+        let active_profile_index = profiles.iter().enumerate().max_by(|(ia, a), (ib, b)| a.end_value.cmp(&b.end_value).then(ib.cmp(ia))).map_or(0, |(i, _)| i);
 
         let file = File {
             schema: SCHEMA,

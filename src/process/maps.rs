@@ -46,13 +46,7 @@ fn parse_line(line: &str) -> Option<Mapping> {
     let _inode = it.next()?;
     let path = it.next().map(str::trim_start).filter(|p| !p.is_empty());
     let (s, e) = range.split_once('-')?;
-    let path = path.and_then(|p| {
-        if p.starts_with('[') {
-            None
-        } else {
-            Some(p.strip_suffix(" (deleted)").unwrap_or(p).to_string())
-        }
-    });
+    let path = path.and_then(|p| if p.starts_with('[') { None } else { Some(p.strip_suffix(" (deleted)").unwrap_or(p).to_string()) });
     Some(Mapping {
         start: u64::from_str_radix(s, 16).ok()?,
         end: u64::from_str_radix(e, 16).ok()?,

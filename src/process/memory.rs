@@ -94,9 +94,8 @@ impl VmReader {
             }
             self.syscalls.set(self.syscalls.get() + 1);
             // SAFETY: as in `readv`.
-            let n = unsafe {
-                libc::process_vm_readv(self.pid, local.as_ptr(), local.len() as libc::c_ulong, remote.as_ptr(), remote.len() as libc::c_ulong, 0)
-            };
+            let n =
+                unsafe { libc::process_vm_readv(self.pid, local.as_ptr(), local.len() as libc::c_ulong, remote.as_ptr(), remote.len() as libc::c_ulong, 0) };
             if n <= 0 {
                 break;
             }
@@ -113,16 +112,7 @@ impl VmReader {
         // SAFETY: every local iovec points into a live &mut [u8] owned by the
         // caller for the duration of this call; remote iovecs are only read
         // by the kernel, which validates them.
-        let n = unsafe {
-            libc::process_vm_readv(
-                self.pid,
-                local.as_ptr(),
-                local.len() as libc::c_ulong,
-                remote.as_ptr(),
-                remote.len() as libc::c_ulong,
-                0,
-            )
-        };
+        let n = unsafe { libc::process_vm_readv(self.pid, local.as_ptr(), local.len() as libc::c_ulong, remote.as_ptr(), remote.len() as libc::c_ulong, 0) };
         if n < 0 {
             return Err(self.classify(first, total, std::io::Error::last_os_error()));
         }

@@ -55,19 +55,12 @@ impl Target {
 
     /// The executable as the target sees it (readlink of /proc/PID/exe).
     pub fn exe(&self) -> Option<String> {
-        std::fs::read_link(format!("/proc/{}/exe", self.pid))
-            .ok()
-            .map(|p| p.to_string_lossy().trim_end_matches(" (deleted)").to_string())
+        std::fs::read_link(format!("/proc/{}/exe", self.pid)).ok().map(|p| p.to_string_lossy().trim_end_matches(" (deleted)").to_string())
     }
 
     pub fn cmdline(&self) -> Vec<String> {
         std::fs::read(format!("/proc/{}/cmdline", self.pid))
-            .map(|b| {
-                b.split(|&c| c == 0)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| String::from_utf8_lossy(s).into_owned())
-                    .collect()
-            })
+            .map(|b| b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
             .unwrap_or_default()
     }
 

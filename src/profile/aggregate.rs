@@ -44,7 +44,6 @@ impl Aggregator {
         Aggregator { opts, ..Default::default() }
     }
 
-
     fn intern(&mut self, frame: Frame) -> u32 {
         if let Some(&id) = self.frame_ids.get(&frame) {
             return id;
@@ -126,11 +125,7 @@ impl Aggregator {
     }
 
     pub fn into_profile(self, meta: Meta) -> Profile {
-        let mut stacks: Vec<Stack> = self
-            .stacks
-            .into_iter()
-            .map(|(k, count)| Stack { thread: k[0], frames: k[1..].to_vec(), count })
-            .collect();
+        let mut stacks: Vec<Stack> = self.stacks.into_iter().map(|(k, count)| Stack { thread: k[0], frames: k[1..].to_vec(), count }).collect();
         // Deterministic output: heaviest first, then by content.
         stacks.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| (a.thread, &a.frames).cmp(&(b.thread, &b.frames))));
         Profile { meta, frames: self.frames, threads: self.threads, stacks }

@@ -110,12 +110,7 @@ impl Profile {
                 errors: Default::default(),
                 stop_reason: "duration".into(),
             },
-            frames: vec![
-                f("<module>", "app.py", 10),
-                f("main", "app.py", 5),
-                f("work", "lib/ü.py", 2),
-                f("Other.sleep <&>", "app.py", 7),
-            ],
+            frames: vec![f("<module>", "app.py", 10), f("main", "app.py", 5), f("work", "lib/ü.py", 2), f("Other.sleep <&>", "app.py", 7)],
             threads: vec![ThreadInfo { pid: 4242, native_id: Some(4242), name: Some("MainThread".into()) }],
             stacks: vec![
                 Stack { frames: vec![0, 1, 2], thread: 0, count: 100 },

@@ -115,14 +115,7 @@ impl FrameWalker {
         Ok(())
     }
 
-    pub fn walk(
-        &mut self,
-        mem: &dyn RemoteMemory,
-        o: &Offsets,
-        codes: &mut CodeCache,
-        mut frame: u64,
-        out: &mut Vec<Frame>,
-    ) -> Result<()> {
+    pub fn walk(&mut self, mem: &dyn RemoteMemory, o: &Offsets, codes: &mut CodeCache, mut frame: u64, out: &mut Vec<Frame>) -> Result<()> {
         self.buf.resize(o.frame.size as usize, 0);
         let mut cycle = CycleCheck::new();
         let mut visited = 0usize;

@@ -193,11 +193,7 @@ pub fn location_line(table: &[u8], firstlineno: i32, index: i32) -> Option<i32> 
         line += delta;
         end += i64::from(header & 7) + 1;
         if target < end {
-            return if code == LOC_NONE {
-                None
-            } else {
-                to_line(line)
-            };
+            return if code == LOC_NONE { None } else { to_line(line) };
         }
         pos += 1;
         while pos < table.len() && table[pos] & 0x80 == 0 {
@@ -211,32 +207,16 @@ pub fn location_line(table: &[u8], firstlineno: i32, index: i32) -> Option<i32> 
 mod tests {
     use super::*;
 
-    const KINDS: [LineTableKind; 3] = [
-        LineTableKind::Lnotab,
-        LineTableKind::Linetable310,
-        LineTableKind::Locations,
-    ];
+    const KINDS: [LineTableKind; 3] = [LineTableKind::Lnotab, LineTableKind::Linetable310, LineTableKind::Locations];
 
     #[test]
     fn version_mapping() {
         assert_eq!(LineTableKind::for_version(3, 7), None);
-        assert_eq!(
-            LineTableKind::for_version(3, 8),
-            Some(LineTableKind::Lnotab)
-        );
-        assert_eq!(
-            LineTableKind::for_version(3, 9),
-            Some(LineTableKind::Lnotab)
-        );
-        assert_eq!(
-            LineTableKind::for_version(3, 10),
-            Some(LineTableKind::Linetable310)
-        );
+        assert_eq!(LineTableKind::for_version(3, 8), Some(LineTableKind::Lnotab));
+        assert_eq!(LineTableKind::for_version(3, 9), Some(LineTableKind::Lnotab));
+        assert_eq!(LineTableKind::for_version(3, 10), Some(LineTableKind::Linetable310));
         for minor in 11..=15 {
-            assert_eq!(
-                LineTableKind::for_version(3, minor),
-                Some(LineTableKind::Locations)
-            );
+            assert_eq!(LineTableKind::for_version(3, minor), Some(LineTableKind::Locations));
         }
         assert_eq!(LineTableKind::for_version(2, 7), None);
     }
@@ -300,22 +280,7 @@ mod tests {
         // entry 3: no-columns, svarint -3 (0b111 = 7), length 3
         // entry 4: long form, svarint +200 (400 = 0x50 | 0x40, 6), end/col varints, length 1
         // entry 5: short form code 2, length 8
-        let tab = [
-            0x80 | (11 << 3) | 1,
-            5,
-            9,
-            0x80 | (15 << 3),
-            0x80 | (13 << 3) | 2,
-            7,
-            0x80 | (14 << 3),
-            0x50 | 0x40,
-            6,
-            0,
-            1,
-            2,
-            0x80 | (2 << 3) | 7,
-            0x12,
-        ];
+        let tab = [0x80 | (11 << 3) | 1, 5, 9, 0x80 | (15 << 3), 0x80 | (13 << 3) | 2, 7, 0x80 | (14 << 3), 0x50 | 0x40, 6, 0, 1, 2, 0x80 | (2 << 3) | 7, 0x12];
         let f = |i| location_line(&tab, 100, i);
         assert_eq!(f(-1), Some(100));
         assert_eq!(f(0), Some(101));
@@ -361,10 +326,7 @@ mod tests {
         let t: Vec<u8> = std::iter::repeat_n([255u8, 0x80], 1000).flatten().collect();
         assert_eq!(lnotab_line(&t, i32::MIN, i32::MAX), None);
         assert_eq!(linetable310_line(&t, i32::MIN, i32::MAX), None);
-        let t: Vec<u8> = std::iter::repeat_n([0u8, 0x7f], 1000)
-            .chain([[2, 0]])
-            .flatten()
-            .collect();
+        let t: Vec<u8> = std::iter::repeat_n([0u8, 0x7f], 1000).chain([[2, 0]]).flatten().collect();
         assert_eq!(linetable310_line(&t, i32::MAX, 0), None);
         assert_eq!(linetable310_line(&t, 0, 0), Some(127_000));
     }

@@ -34,10 +34,7 @@ pub fn read_unicode(mem: &dyn RemoteMemory, o: &ObjectOffsets, addr: u64) -> Res
         1 if ascii => String::from_utf8_lossy(&data).into_owned(),
         1 => data.iter().map(|&b| b as char).collect(),
         2 => data.chunks_exact(2).map(|c| char::from_u32(u16::from_le_bytes([c[0], c[1]]) as u32).unwrap_or('\u{fffd}')).collect(),
-        _ => data
-            .chunks_exact(4)
-            .map(|c| char::from_u32(u32::from_le_bytes(c.try_into().unwrap())).unwrap_or('\u{fffd}'))
-            .collect(),
+        _ => data.chunks_exact(4).map(|c| char::from_u32(u32::from_le_bytes(c.try_into().unwrap())).unwrap_or('\u{fffd}')).collect(),
     })
 }
 

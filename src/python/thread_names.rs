@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::offsets::{EntryLayout, InstanceDict, KeysSize, LongHeader, NameOffsets, ObjectOffsets, Offsets};
-use crate::process::memory::{RemoteMemory, field_u32, field_u64, field_u8};
+use crate::process::memory::{RemoteMemory, field_u8, field_u32, field_u64};
 use crate::python::strings::read_unicode;
 use crate::python::threads::MAX_THREADS;
 
@@ -34,10 +34,7 @@ const MAX_TYPES: usize = 64;
 /// Ident → `Thread._name` for every thread in `threading._active` of the
 /// interpreter at `interp`. Empty when the program never imported threading.
 pub fn thread_names(mem: &dyn RemoteMemory, o: &Offsets, interp: u64) -> Result<HashMap<u64, String>> {
-    let n = o.names.as_ref().ok_or_else(|| Error::BadOffsets {
-        version: o.version.to_string(),
-        why: "no thread-name offsets for this version".into(),
-    })?;
+    let n = o.names.as_ref().ok_or_else(|| Error::BadOffsets { version: o.version.to_string(), why: "no thread-name offsets for this version".into() })?;
     let mut r = Reader { mem, n, obj: &o.object, types: HashMap::new(), split_index: HashMap::new() };
     let modules = mem.read_u64(interp.wrapping_add(n.imports_modules))?;
     let Some(threading) = r.dict_get_str(modules, "threading")? else { return Ok(HashMap::new()) };
@@ -113,12 +110,8 @@ impl Reader<'_> {
         let buf = self.mem.read_vec(ty, n.type_size as usize)?;
         let flags = field_u64(&buf, n.tp_flags as usize);
         let cached_keys = if flags & n.tpflags_heaptype != 0 { self.mem.read_u64(ty + n.ht_cached_keys)? } else { 0 };
-        let t = TypeInfo {
-            flags,
-            basicsize: field_u64(&buf, n.tp_basicsize as usize),
-            dictoffset: field_u64(&buf, n.tp_dictoffset as usize) as i64,
-            cached_keys,
-        };
+        let t =
+            TypeInfo { flags, basicsize: field_u64(&buf, n.tp_basicsize as usize), dictoffset: field_u64(&buf, n.tp_dictoffset as usize) as i64, cached_keys };
         if self.types.len() < MAX_TYPES {
             self.types.insert(ty, t);
         }
@@ -346,9 +339,8 @@ impl Reader<'_> {
             let dict = self.mem.read_u64(obj + t.dictoffset as u64)?;
             return if dict == 0 { Ok(None) } else { self.dict_get_str(dict, name) };
         }
-        let before = |pre: Option<u64>| -> Result<u64> {
-            pre.and_then(|p| obj.checked_sub(p)).ok_or_else(|| Error::Corrupt(format!("no pre-header before {obj:#x}")))
-        };
+        let before =
+            |pre: Option<u64>| -> Result<u64> { pre.and_then(|p| obj.checked_sub(p)).ok_or_else(|| Error::Corrupt(format!("no pre-header before {obj:#x}"))) };
         let dict_word = self.mem.read_u64(before(n.managed_dict_preheader)?)?;
         let shared = |t: &TypeInfo| -> Result<u64> {
             if t.cached_keys == 0 {
@@ -596,7 +588,13 @@ mod tests {
             let (o, n) = (&self.o.object, self.n);
             let chars: Vec<char> = text.chars().collect();
             let ascii = text.is_ascii();
-            let kind: u32 = if ascii || chars.iter().all(|&c| (c as u32) < 256) { 1 } else if chars.iter().all(|&c| (c as u32) < 65536) { 2 } else { 4 };
+            let kind: u32 = if ascii || chars.iter().all(|&c| (c as u32) < 256) {
+                1
+            } else if chars.iter().all(|&c| (c as u32) < 65536) {
+                2
+            } else {
+                4
+            };
             let data_at = if ascii { o.unicode_ascii_size } else { o.unicode_compact_size };
             let a = self.object(self.str_t, data_at + (chars.len() as u64 + 1) * kind as u64);
             let mut state = (kind << n.unicode_kind_mask.trailing_zeros()) | n.unicode_compact_mask;

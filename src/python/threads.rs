@@ -90,8 +90,11 @@ pub fn find_pthread_tid_offset(mem: &dyn RemoteMemory, pid: i32, tids: &[i32], p
     if blocks.is_empty() {
         return None;
     }
-    (0..SCAN - 4).step_by(4).find(|&off| {
-        let vals: Vec<i32> = blocks.iter().map(|b| i32::from_le_bytes(b[off..off + 4].try_into().unwrap())).collect();
-        vals.iter().all(|v| tids.contains(v)) && vals.contains(&pid)
-    }).map(|o| o as u64)
+    (0..SCAN - 4)
+        .step_by(4)
+        .find(|&off| {
+            let vals: Vec<i32> = blocks.iter().map(|b| i32::from_le_bytes(b[off..off + 4].try_into().unwrap())).collect();
+            vals.iter().all(|v| tids.contains(v)) && vals.contains(&pid)
+        })
+        .map(|o| o as u64)
 }

@@ -141,8 +141,7 @@ pub fn run(
     let mut stats = SamplerStats::default();
     let mut timer = timer::Timer::new(Duration::from_secs_f64(1.0 / cfg.rate_hz));
     let commands: Vec<String> = sessions.iter().map(|s| s.attached.target.cmdline().join(" ")).collect();
-    let mut commands: std::collections::HashMap<i32, String> =
-        sessions.iter().map(|s| s.pid()).zip(commands).collect();
+    let mut commands: std::collections::HashMap<i32, String> = sessions.iter().map(|s| s.pid()).zip(commands).collect();
     let mut last_progress = Duration::ZERO;
     let mut last_discover = Duration::ZERO;
     let mut threads_seen = 0;

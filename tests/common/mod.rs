@@ -280,4 +280,3 @@ pub fn chromium(exe: &Path, dir: &Path, tag: &str, args: &[&str], url: &str) -> 
 pub fn script_errors(stderr: &str) -> Vec<&str> {
     stderr.lines().filter(|l| l.contains(":CONSOLE") && (l.contains("Uncaught") || l.contains("Error"))).collect()
 }
-
