@@ -87,6 +87,9 @@ impl SamplerStats {
     }
 }
 
+/// Re-reads of a torn snapshot before the tick is given up.
+const MAX_RETRIES: u32 = 3;
+
 /// Set from the SIGINT/SIGTERM handler.
 pub static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -160,14 +163,17 @@ pub fn run(
         while i < sessions.len() {
             let s = &mut sessions[i];
             let mut result = s.snapshot(needs);
-            if matches!(&result, Err(e) if e.is_transient()) {
-                // One immediate retry: a torn read usually means the stack moved
-                // under us, and a fresh read a few µs later is consistent again.
-                // Only a failed retry loses the sample and counts as an error.
+            // Immediate retries: a torn read means the stack moved under us,
+            // and a fresh read a few µs later is usually consistent. Dropping
+            // torn samples quickly would bias the profile against code that
+            // calls and returns fast, so only repeated failure loses the tick.
+            let mut retries = 0;
+            while retries < MAX_RETRIES && matches!(&result, Err(e) if e.is_transient()) {
+                retries += 1;
                 result = s.snapshot(needs);
-                if result.is_ok() {
-                    stats.retried += 1;
-                }
+            }
+            if retries > 0 && result.is_ok() {
+                stats.retried += 1;
             }
             match result {
                 Ok(threads) => {

@@ -1,0 +1,838 @@
+#!/usr/bin/env python3
+"""pyprof vs py-spy vs Austin (vs Tachyon on 3.15), side by side, in one run.
+
+    python3 bench/run.py                 # full matrix, ~5 s per measurement
+    python3 bench/run.py --quick         # 2 s per measurement
+    python3 bench/run.py --memory        # pyprof memory scenario only (see --memory-secs)
+
+Builds nothing: it needs target/release/pyprof (`cargo build --release`), and
+py-spy / Austin / the sid chroot from scripts/setup-fixtures.sh (under
+$PYPROF_CACHE, default ~/.cache/pyprof). Missing peers are skipped with a note.
+
+Prints one aligned table and writes the same rows as JSON to
+bench/results/latest.json (memory scenario: bench/results/memory.json).
+docs/performance.md explains every column and how it is measured.
+"""
+import argparse
+import datetime
+import glob
+import json
+import math
+import os
+import platform
+import queue
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH)
+PYPROF = os.path.join(REPO, "target", "release", "pyprof")
+TARGET_SCRIPT = os.path.join(BENCH, "target.py")
+CACHE = os.environ.get("PYPROF_CACHE") or os.path.expanduser("~/.cache/pyprof")
+TOOLS = os.path.join(CACHE, "tools", "bin")
+SID = os.path.join(CACHE, "sid")
+PYENV_ROOT = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+WINDOW = 0.5        # seconds per target-throughput window
+SETTLE = 0.75       # ignore the first SETTLE s after launching a profiler (attach, startup)
+BASE_WINDOWS = 3    # unprofiled windows between two profiler runs
+
+
+def log(msg):
+    sys.stderr.write("bench: %s\n" % msg)
+    sys.stderr.flush()
+
+
+# --------------------------------------------------------------------------- targets
+
+class Python:
+    """One interpreter: how to launch a script under it."""
+
+    def __init__(self, label, exe, chroot=False):
+        self.label, self.exe, self.chroot = label, exe, chroot
+
+
+def find_pythons(wanted, private_proc):
+    found = []
+    for label in wanted:
+        if label == "3.15":
+            exe = os.path.join(SID, "usr", "bin", "python3.15")
+            if os.path.exists(exe) and os.geteuid() == 0:
+                found.append(Python("3.15", "python3.15", chroot=True))
+            else:
+                log("skipping 3.15: needs root and %s (scripts/setup-fixtures.sh)" % exe)
+            continue
+        hits = sorted(glob.glob(os.path.join(PYENV_ROOT, "versions", label + ".*", "bin", "python" + label)))
+        if hits:
+            found.append(Python(label, hits[-1]))
+        else:
+            log("skipping %s: no pyenv interpreter under %s/versions" % (label, PYENV_ROOT))
+    return found
+
+
+class Target:
+    """A running bench/target.py. snapshot() -> (work units done, monotonic ns)."""
+
+    def __init__(self, py, kind, arg, workdir, private_proc):
+        self.py = py
+        self.private_proc = False
+        if py.chroot:
+            # The script lives inside the chroot. With private_proc the target runs in
+            # its own mount namespace where /proc is mounted inside the chroot, so that
+            # Tachyon (which runs chrooted) can join it with nsenter and read /proc;
+            # the host (and every other user of the chroot) sees no mount.
+            inner = os.path.join(workdir["chroot_inner"], "target.py")
+            shutil.copy(TARGET_SCRIPT, os.path.join(SID, inner.lstrip("/")))
+            if private_proc:
+                self.private_proc = True
+                cmd = ["unshare", "-m", "sh", "-c",
+                       'mount -t proc proc "$0/proc" && exec chroot "$0" python3.15 "$1" "$2" "$3"',
+                       SID, inner, kind, str(arg)]
+            else:
+                cmd = ["chroot", SID, "python3.15", inner, kind, str(arg)]
+        else:
+            cmd = [py.exe, TARGET_SCRIPT, kind, str(arg)]
+        self.cmd = cmd
+        self.lines = queue.Queue()
+        self.stderr = open(os.path.join(workdir["host"], "target-%s-%s-%s.err" % (py.label, kind, arg)), "w")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=self.stderr, cwd=workdir["host"])
+        self.pid = self.proc.pid
+        threading.Thread(target=self._read, daemon=True).start()
+        try:
+            first = self.lines.get(timeout=20)
+        except queue.Empty:
+            first = None
+        if first != "ready":
+            self.stop()
+            raise RuntimeError("target %s did not start (%r); see %s" % (cmd, first, self.stderr.name))
+
+    def _read(self):
+        for raw in self.proc.stdout:
+            self.lines.put(raw.decode().strip())
+
+    def snapshot(self):
+        # Any reply is a valid (count, time) pair, so a delayed or lost signal (a
+        # ptrace-stopped target can lose one) only changes the window length.
+        while True:
+            try:
+                self.lines.get_nowait()
+            except queue.Empty:
+                break
+        for _ in range(10):
+            if self.proc.poll() is not None:
+                raise RuntimeError("target %d exited (%s)" % (self.pid, self.proc.returncode))
+            os.kill(self.pid, signal.SIGUSR1)
+            try:
+                count, t_ns = self.lines.get(timeout=1.0).split()
+                return int(count), int(t_ns)
+            except queue.Empty:
+                continue
+        raise RuntimeError("target %d does not answer SIGUSR1" % self.pid)
+
+    def windows(self, n):
+        rates = []
+        a = self.snapshot()
+        for _ in range(n):
+            time.sleep(WINDOW)
+            b = self.snapshot()
+            rates.append(rate_between(a, b))
+            a = b
+        return rates
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(3)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.stderr.close()
+
+
+def rate_between(a, b):
+    return (b[0] - a[0]) / ((b[1] - a[1]) / 1e9)
+
+
+# --------------------------------------------------------------------------- profilers
+
+class Profiler:
+    """name; supports(py); command(...) -> argv; parse(...) -> dict(samples, seconds, notes)."""
+
+    name = ""
+
+    def supports(self, py):
+        return True
+
+
+class PyProf(Profiler):
+    name = "pyprof"
+    exe = PYPROF   # replaced by a private copy for the run (see snapshot_pyprof)
+
+    def command(self, target, rate, secs, out):
+        return [PyProf.exe, "record", "--pid", str(target.pid), "-r", str(rate), "-d", str(secs),
+                "-o", out["host"] + ".json", "-q"]
+
+    def parse(self, out, run):
+        with open(out["host"] + ".json") as f:
+            meta = json.load(f)["meta"]
+        return {"samples": meta["samples"], "seconds": meta["duration_secs"],
+                "late": meta.get("late"), "errors": meta.get("errors") or {}}
+
+
+class PySpy(Profiler):
+    def __init__(self, blocking):
+        self.blocking = blocking
+        self.name = "py-spy" if blocking else "py-spy --nonblocking"
+        self.exe = os.path.join(TOOLS, "py-spy")
+
+    def command(self, target, rate, secs, out):
+        cmd = [self.exe, "record", "--pid", str(target.pid), "-r", str(rate), "-d", str(secs),
+               "-f", "raw", "-o", out["host"] + ".txt"]
+        if not self.blocking:
+            cmd.insert(2, "--nonblocking")
+        return cmd
+
+    def parse(self, out, run):
+        # raw = collapsed stacks, "frame;frame;... count". py-spy samples until it has
+        # taken rate x duration samples, however late, so the wall time is not -d but
+        # from its "Sampling process ..." line (printed as its sampler thread starts,
+        # after attaching) to its exit.
+        samples = 0
+        with open(out["host"] + ".txt") as f:
+            for line in f:
+                line = line.rstrip()
+                if line:
+                    samples += int(line.rsplit(" ", 1)[1])
+        m = re.search(r"Samples: (\d+) Errors: (\d+)", run["log"])
+        errors = {"errors": int(m.group(2))} if m and int(m.group(2)) else {}
+        notes = []
+        behind = re.findall(r"([\d.]+)s behind in sampling", run["log"])
+        if behind:
+            notes.append("%ss behind" % behind[-1])
+        start = run["first_line"]("Sampling process") or run["t0"]
+        return {"samples": samples, "seconds": run["t_exit"] - start, "errors": errors, "notes": notes,
+                "startup_secs": round(start - run["t0"], 3)}
+
+
+def parse_mojo(data):
+    """Austin 4's binary MOJO v3 output -> (metadata dict, number of stack events)."""
+    if data[:3] != b"MOJ":
+        raise ValueError("not a MOJO file")
+    pos = 3
+
+    def integer():
+        nonlocal pos
+        b = data[pos]
+        pos += 1
+        val, neg, shift = b & 0x3F, b & 0x40, 6
+        while b & 0x80:
+            b = data[pos]
+            pos += 1
+            val |= (b & 0x7F) << shift
+            shift += 7
+        return -val if neg else val
+
+    def string():
+        nonlocal pos
+        end = data.index(b"\0", pos)
+        s = data[pos:end].decode("utf-8", "replace")
+        pos = end + 1
+        return s
+
+    integer()  # version
+    meta, stacks = {}, 0
+    while pos < len(data):
+        ev = data[pos]
+        pos += 1
+        if ev == 1:      # metadata: key, value
+            k = string()
+            meta[k] = string()
+        elif ev == 2:    # stack: pid, iid, tid
+            integer(); integer(); string()
+            stacks += 1
+        elif ev == 3:    # frame: key, filename ref, scope ref, line, line_end, col, col_end
+            for _ in range(7):
+                integer()
+        elif ev in (4, 7, 8):  # invalid frame, gc, idle: no payload
+            pass
+        elif ev in (5, 9, 10, 12):  # frame ref, time, memory, string ref
+            integer()
+        elif ev == 6:    # kernel frame
+            string()
+        elif ev == 11:   # string: key, value
+            integer(); string()
+        else:
+            raise ValueError("unknown MOJO event %d at byte %d" % (ev, pos - 1))
+    return meta, stacks
+
+
+class Austin(Profiler):
+    name = "austin"
+
+    def __init__(self):
+        self.exe = os.path.join(TOOLS, "austin")
+        self.prefix = None
+        self.why_not = None
+        if not os.path.exists(self.exe):
+            self.why_not = "not installed (%s)" % self.exe
+            return
+        # austin-dist 4.0's binary needs glibc 2.38; on an older host (bookworm: 2.36)
+        # run it with the sid chroot's dynamic loader and libc, unchanged otherwise.
+        if subprocess.run([self.exe, "--version"], capture_output=True).returncode == 0:
+            self.prefix = []
+        else:
+            ld = os.path.join(SID, "lib64", "ld-linux-x86-64.so.2")
+            libs = os.path.join(SID, "usr", "lib", "x86_64-linux-gnu")
+            prefix = [ld, "--library-path", libs]
+            if os.path.exists(ld) and subprocess.run(prefix + [self.exe, "--version"],
+                                                     capture_output=True).returncode == 0:
+                self.prefix = prefix
+                self.via = "sid's ld.so (host glibc too old)"
+            else:
+                self.why_not = "cannot run %s (glibc too old and no sid chroot)" % self.exe
+
+    def command(self, target, rate, secs, out):
+        interval_us = max(1, int(round(1e6 / rate)))
+        return self.prefix + [self.exe, "-i", "%dus" % interval_us, "-p", str(target.pid),
+                              "-x", str(secs), "-o", out["host"] + ".mojo"]
+
+    def parse(self, out, run):
+        with open(out["host"] + ".mojo", "rb") as f:
+            meta, stacks = parse_mojo(f.read())
+        if "duration" not in meta:
+            raise RuntimeError("no samples")
+        errors = {}
+        m = re.match(r"(\d+)/(\d+)", meta.get("errors", ""))
+        if m and int(m.group(1)):
+            errors["errors"] = int(m.group(1))
+        return {"samples": stacks, "seconds": int(meta["duration"]) / 1e6, "errors": errors,
+                "sampling_us_min_avg_max": meta.get("sampling")}
+
+
+class Tachyon(Profiler):
+    """CPython 3.15's own sampler, run inside the chroot, joined to the target's mount ns."""
+    name = "tachyon"
+
+    def supports(self, py):
+        return py.label == "3.15"
+
+    def command(self, target, rate, secs, out):
+        if not target.private_proc:
+            raise Skip("target not in a private mount namespace (unshare failed): /proc is not visible in the chroot")
+        return ["nsenter", "-t", str(target.pid), "-m", "--", "chroot", SID,
+                "python3.15", "-m", "profiling.sampling", "attach", "-r", str(rate), "-d", str(secs),
+                "--collapsed", "-o", out["inner"] + ".txt", str(target.pid)]
+
+    def parse(self, out, run):
+        samples = 0
+        with open(out["host"] + ".txt") as f:
+            for line in f:
+                line = line.rstrip()
+                if line:
+                    samples += int(line.rsplit(" ", 1)[1])
+        m = re.search(r"Captured (\d+) samples in ([\d.]+) seconds", run["log"])
+        seconds = float(m.group(2)) if m else run["wall"]
+        notes = []
+        e = re.search(r"Error rate: ([\d.]+)", run["log"])
+        if e and float(e.group(1)) > 0:
+            notes.append("error rate %s%%" % e.group(1))
+        return {"samples": samples, "seconds": seconds, "notes": notes,
+                "tool_reported_samples": int(m.group(1)) if m else None}
+
+
+class Skip(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------- one measurement
+
+def proc_cpu(pid):
+    """utime+stime of the whole process pid (its live and exited threads), in seconds;
+    None once it is gone. (Per-thread schedstat would miss exited threads.)"""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class LineLog:
+    """Copies a child's merged stdout/stderr to a file, remembering when each line came."""
+
+    def __init__(self, path):
+        self.f = open(path, "w")
+        self.lines = []   # (monotonic, line)
+
+    def pump(self, pipe):
+        def run():
+            for raw in iter(pipe.readline, b""):
+                line = raw.decode("utf-8", "replace")
+                self.lines.append((time.monotonic(), line))
+                self.f.write(line)
+            self.f.close()
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def text(self):
+        self.thread.join(5)
+        return "".join(l for _, l in self.lines)
+
+    def first(self, needle):
+        return next((t for t, l in self.lines if needle in l), None)
+
+
+def run_one(prof, target, rate, secs, out):
+    """Launch prof against target for secs; measure the target's throughput while it runs."""
+    cmd = prof.command(target, rate, secs, out)
+    logf = LineLog(out["host"] + ".log")
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    logf.pump(p.stdout)
+    status = rusage = None
+    t_exit = None
+    cap = t0 + secs + max(5.0, secs)  # py-spy keeps going until rate x secs samples
+
+    def reap(block=False):
+        nonlocal status, rusage, t_exit
+        if status is not None:
+            return True
+        pid, st, ru = os.wait4(p.pid, 0 if block else os.WNOHANG)
+        if pid == 0:
+            return False
+        status, rusage, t_exit = st, ru, time.monotonic()
+        p.returncode = os.waitstatus_to_exitcode(st)
+        return True
+
+    during = []
+    cpu_marks = []   # (monotonic, profiler cpu s) while it samples, for the steady-state rate
+    interrupted = False
+    while time.monotonic() < t0 + SETTLE and not reap():
+        time.sleep(0.05)
+    if not reap():
+        a = target.snapshot()
+        cpu_marks.append((time.monotonic(), proc_cpu(p.pid)))
+        while True:
+            time.sleep(WINDOW)
+            if reap():
+                break   # the profiler ended inside this window: a partial window, dropped
+            b = target.snapshot()
+            c = proc_cpu(p.pid)
+            if reap():
+                break
+            during.append(rate_between(a, b))
+            cpu_marks.append((time.monotonic(), c))
+            a = b
+            if time.monotonic() > cap and not interrupted:
+                p.send_signal(signal.SIGINT)   # every peer writes its output on Ctrl-C
+                interrupted = True
+                cap += 10
+            elif time.monotonic() > cap:
+                p.kill()
+                reap(block=True)
+                break
+    reap(block=True)
+    run = {"wall": t_exit - t0, "log": logf.text(), "rc": p.returncode, "t0": t0, "t_exit": t_exit,
+           "first_line": logf.first}
+    p.stdout.close()
+    cpu = rusage.ru_utime + rusage.ru_stime
+    steady = None
+    marks = [m for m in cpu_marks if m[1] is not None]
+    if len(marks) >= 2 and marks[-1][0] > marks[0][0]:
+        steady = (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
+    return run, cpu, steady, during, interrupted
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def measure(prof, py, depth, target, rate, secs, base_before, tmp, seq):
+    row = {"profiler": prof.name, "python": py.label, "depth": depth, "rate": rate,
+           "duration_requested": secs}
+    out = {"host": os.path.join(tmp["host"], "run%03d" % seq),
+           "inner": os.path.join(tmp["chroot_inner"], "run%03d" % seq)}
+    if py.chroot:
+        # chrooted tools (Tachyon) write into the chroot; the host reads it there
+        out["host_chroot"] = os.path.join(SID, out["inner"].lstrip("/"))
+    try:
+        run, cpu, steady, during, interrupted = run_one(prof, target, rate, secs, out)
+    except Skip as e:
+        row["note"] = "skipped: %s" % e
+        return row, target.windows(BASE_WINDOWS)
+    base_after = target.windows(BASE_WINDOWS)
+    if "host_chroot" in out and isinstance(prof, Tachyon):
+        out = dict(out, host=out["host_chroot"])
+    row.update({"rc": run["rc"], "wall_secs": round(run["wall"], 3), "cpu_secs": round(cpu, 4)})
+    try:
+        parsed = prof.parse(out, run)
+    except Exception as e:  # no output: could not attach
+        tail = [l.strip() for l in run["log"].splitlines() if l.strip() and "\x1b" not in l]
+        why = next((l for l in tail if re.search(r"(?i)error|fail|cannot|unsupported|not supported|permission", l)),
+                   tail[-1] if tail else str(e))
+        why = re.sub(r"^\W+", "", why).split(". ")[0]
+        row["note"] = "failed (rc %s): %s" % (run["rc"], why[:80])
+        row["log_tail"] = tail[-5:]
+        return row, base_after
+    samples, seconds = parsed.pop("samples"), parsed.pop("seconds")
+    notes = parsed.pop("notes", [])
+    if interrupted:
+        notes.append("stopped by SIGINT after %.0fs" % run["wall"])
+    row.update(parsed)
+    base = base_before + base_after
+    row.update({
+        "samples": samples,
+        "seconds": round(seconds, 3),
+        "achieved_hz": samples / seconds if seconds else float("nan"),
+        "cpu_us_per_sample": cpu * 1e6 / samples if samples else float("nan"),
+        "cpu_s_per_1000_samples": cpu * 1000 / samples if samples else float("nan"),
+        "steady_cpu_us_per_sample": (steady * 1e6 / (samples / seconds)) if steady is not None and samples else None,
+        "target_units_per_s_base": median(base),
+        "target_units_per_s_profiled": median(during),
+        "windows_base": len(base),
+        "windows_profiled": len(during),
+        "slowdown_pct": (1 - median(during) / median(base)) * 100 if during and base else float("nan"),
+    })
+    if samples and samples < 0.9 * rate * secs:
+        notes.append("rate not reached")
+    if notes:
+        row["note"] = "; ".join(notes)
+    return row, base_after
+
+
+# --------------------------------------------------------------------------- output
+
+COLUMNS = [
+    ("profiler", "profiler", "%s"),
+    ("python", "python", "%s"),
+    ("depth", "depth", "%d"),
+    ("rate", "rate req", "%d"),
+    ("achieved_hz", "achieved Hz", "%.0f"),
+    ("cpu_us_per_sample", "CPU µs/sample", "%.1f"),
+    ("cpu_s_per_1000_samples", "CPU s/1000 samples", "%.4f"),
+    ("slowdown_pct", "target slowdown %", "%.1f"),
+    ("steady_cpu_us_per_sample", "steady CPU µs/sample", "%.1f"),
+    ("note", "note", "%s"),
+]
+
+
+def fmt(v, f):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f % v
+
+
+def table(rows):
+    cells = [[h for _, h, _ in COLUMNS]]
+    for r in rows:
+        cells.append([fmt(r.get(k), f) for k, _, f in COLUMNS])
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    lines = []
+    for n, c in enumerate(cells):
+        parts = []
+        for i, v in enumerate(c):
+            left = i < 2 or i == len(COLUMNS) - 1
+            parts.append(v.ljust(widths[i]) if left else v.rjust(widths[i]))
+        lines.append("  ".join(parts).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def clean_json(x):
+    if isinstance(x, float):
+        return None if math.isnan(x) else round(x, 4)
+    if isinstance(x, dict):
+        return {k: clean_json(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [clean_json(v) for v in x]
+    return x
+
+
+def tool_versions():
+    v = {}
+    a = Austin()
+    for name, cmd in [("pyprof", [PYPROF, "--version"]), ("py-spy", [os.path.join(TOOLS, "py-spy"), "--version"]),
+                      ("austin", (a.prefix or []) + [a.exe, "--version"]),
+                      ("python3.15 (tachyon)", ["chroot", SID, "python3.15", "--version"])]:
+        try:
+            v[name] = subprocess.run(cmd, capture_output=True, text=True).stdout.strip() or None
+        except OSError:
+            pass
+    for label in ("3.9", "3.12"):
+        for exe in sorted(glob.glob(os.path.join(PYENV_ROOT, "versions", label + ".*", "bin", "python" + label)))[-1:]:
+            v["python" + label] = exe
+    if a.prefix:
+        v["austin_via"] = a.via
+    return v
+
+
+def snapshot_pyprof(tmp):
+    """Copy target/release/pyprof aside so that one binary serves the whole run even if
+    someone rebuilds it meanwhile; describe what it was built from."""
+    import hashlib
+    st = os.stat(PYPROF)
+    copy = os.path.join(tmp["host"], "pyprof")
+    shutil.copy2(PYPROF, copy)
+    PyProf.exe = copy
+    with open(copy, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+
+    def git(*a):
+        r = subprocess.run(["git", "-C", REPO] + list(a), capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"binary_mtime": datetime.datetime.fromtimestamp(st.st_mtime).astimezone().isoformat(timespec="seconds"),
+            "binary_sha256": digest, "git_head": git("rev-parse", "--short", "HEAD"),
+            "worktree_modified": bool(status) if status is not None else None}
+
+
+def machine_meta(args):
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), None),
+        "loadavg_start": list(os.getloadavg()),
+        "quick": args.quick,
+        "tools": tool_versions(),
+    }
+
+
+def wait_for_load(limit, max_wait):
+    deadline = time.monotonic() + max_wait
+    while True:
+        load = os.getloadavg()[0]
+        if load < limit:
+            return load
+        if time.monotonic() > deadline:
+            log("1-minute load still %.2f after %.0f s; measuring anyway" % (load, max_wait))
+            return load
+        log("1-minute load %.2f >= %.2f; waiting 30 s" % (load, limit))
+        time.sleep(30)
+
+
+# --------------------------------------------------------------------------- scenarios
+
+def make_workdir():
+    host = tempfile.mkdtemp(prefix="pyprof-bench-")
+    inner = "/tmp/%s" % os.path.basename(host)
+    if os.path.isdir(os.path.join(SID, "tmp")):
+        os.makedirs(os.path.join(SID, inner.lstrip("/")), exist_ok=True)
+    return {"host": host, "chroot_inner": inner}
+
+
+def remove_workdir(tmp, keep):
+    if keep:
+        log("kept %s and %s%s" % (tmp["host"], SID, tmp["chroot_inner"]))
+        return
+    shutil.rmtree(tmp["host"], ignore_errors=True)
+    shutil.rmtree(os.path.join(SID, tmp["chroot_inner"].lstrip("/")), ignore_errors=True)
+
+
+def can_private_proc():
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"):
+        return False
+    r = subprocess.run(["unshare", "-m", "sh", "-c", 'mount -t proc proc "$0/proc" && test -e "$0/proc/self/maps"', SID],
+                       capture_output=True)
+    return r.returncode == 0
+
+
+def matrix(args, tmp):
+    private_proc = can_private_proc()
+    if not private_proc:
+        log("cannot mount /proc in a private mount namespace (unshare -m): Tachyon will be skipped")
+    pythons = find_pythons(args.pythons.split(","), private_proc)
+    profs = []
+    for name in args.profilers.split(","):
+        if name == "pyprof":
+            profs.append(PyProf())
+        elif name == "py-spy":
+            if os.path.exists(os.path.join(TOOLS, "py-spy")):
+                profs += [PySpy(blocking=False), PySpy(blocking=True)]
+            else:
+                log("skipping py-spy: not installed under %s (scripts/setup-fixtures.sh)" % TOOLS)
+        elif name == "austin":
+            a = Austin()
+            if a.why_not:
+                log("skipping austin: %s" % a.why_not)
+            else:
+                if a.prefix:
+                    log("austin runs via %s" % a.via)
+                profs.append(a)
+        elif name == "tachyon":
+            profs.append(Tachyon())
+        else:
+            sys.exit("unknown profiler %r" % name)
+    depths = [int(d) for d in args.depths.split(",")]
+    rates = [int(float(r.lower().rstrip("k")) * (1000 if r.lower().endswith("k") else 1)) for r in args.rates.split(",")]
+    secs = args.duration
+
+    rows, seq = [], 0
+    for py in pythons:
+        for depth in depths:
+            try:
+                target = Target(py, "cpu", depth, tmp, private_proc)
+            except RuntimeError as e:
+                log(str(e))
+                rows.append({"profiler": "-", "python": py.label, "depth": depth, "note": "target failed to start"})
+                continue
+            try:
+                time.sleep(0.3)  # warm-up (3.12+ specialisation)
+                base = target.windows(BASE_WINDOWS)
+                for rate in rates:
+                    for prof in profs:
+                        if not prof.supports(py):
+                            continue
+                        seq += 1
+                        log("%-22s python %-4s depth %3d  %5d Hz  %gs" % (prof.name, py.label, depth, rate, secs))
+                        row, base = measure(prof, py, depth, target, rate, secs, base, tmp, seq)
+                        rows.append(row)
+                        if args.verbose:
+                            log("  -> %s" % json.dumps(clean_json({k: v for k, v in row.items() if k != "log_tail"})))
+            finally:
+                target.stop()
+    return rows
+
+
+def memory(args, tmp):
+    py = find_pythons([args.memory_python], False)
+    if not py:
+        sys.exit("no Python %s for the memory scenario" % args.memory_python)
+    py = py[0]
+    target = Target(py, "memory", args.memory_stacks, tmp, False)
+    out = os.path.join(tmp["host"], "memory.json")
+    cmd = [PyProf.exe, "record", "--pid", str(target.pid), "-r", str(args.memory_rate),
+           "-d", str(args.memory_secs), "-o", out, "-q"]
+    log("memory: pyprof at %d Hz for %d s against %d distinct stacks (python %s)"
+        % (args.memory_rate, args.memory_secs, args.memory_stacks, py.label))
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+    trace = []  # (seconds since start, VmRSS kB, VmHWM kB)
+    try:
+        while True:
+            time.sleep(1.0)
+            pid, st, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            try:
+                with open("/proc/%d/status" % p.pid) as f:
+                    status = dict(l.split(":", 1) for l in f if ":" in l)
+                trace.append((round(time.monotonic() - t0, 1), int(status["VmRSS"].split()[0]),
+                              int(status["VmHWM"].split()[0])))
+            except (OSError, KeyError):
+                pass
+    finally:
+        target.stop()
+    p.returncode = os.waitstatus_to_exitcode(st)
+    if p.returncode != 0:
+        sys.exit("pyprof failed (rc %d)" % p.returncode)
+    with open(out) as f:
+        prof = json.load(f)
+    meta = prof["meta"]
+    funcs = set()
+    for s in prof["stacks"]:
+        funcs.add(tuple(prof["frames"][i]["function"] for i in s["frames"]))
+    cpu = ru.ru_utime + ru.ru_stime
+    res = {
+        "python": py.label,
+        "rate": args.memory_rate,
+        "duration_requested": args.memory_secs,
+        "samples": meta["samples"],
+        "seconds": meta["duration_secs"],
+        "achieved_hz": meta["samples"] / meta["duration_secs"],
+        "late": meta.get("late"),
+        "errors": meta.get("errors"),
+        "distinct_stacks": len(prof["stacks"]),
+        "distinct_function_stacks": len(funcs),
+        "frames": len(prof["frames"]),
+        "peak_rss_kb_vmhwm": max((t[2] for t in trace), default=None),
+        "peak_rss_kb_maxrss": ru.ru_maxrss,
+        "rss_kb_after_1s": trace[0][1] if trace else None,
+        "rss_kb_last": trace[-1][1] if trace else None,
+        "output_bytes": os.path.getsize(out),
+        "cpu_secs": cpu,
+        "cpu_us_per_sample": cpu * 1e6 / meta["samples"] if meta["samples"] else None,
+        "rss_trace": trace[:: max(1, len(trace) // 60)],
+    }
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="2 s per measurement instead of 5")
+    ap.add_argument("--duration", type=float, help="seconds per measurement (default 5, --quick 2)")
+    ap.add_argument("--pythons", default="3.12,3.15,3.9", help="comma list of 3.X (3.15 = the sid chroot)")
+    ap.add_argument("--profilers", default="pyprof,py-spy,austin,tachyon")
+    ap.add_argument("--depths", default="3,100")
+    ap.add_argument("--rates", default="1000,10000")
+    ap.add_argument("--memory", action="store_true", help="run the memory scenario (only)")
+    ap.add_argument("--memory-secs", type=int, default=60,
+                    help="seconds (default 60; 360 at 10 kHz = the 3.6 M samples of 1 h at 1 kHz)")
+    ap.add_argument("--memory-rate", type=int, default=10000)
+    ap.add_argument("--memory-stacks", type=int, default=10000)
+    ap.add_argument("--memory-python", default="3.12")
+    ap.add_argument("--wait-load", type=float, metavar="LOAD",
+                    help="first wait (30 s polls, up to 15 min) until the 1-minute load is below LOAD")
+    ap.add_argument("-o", "--output", help="JSON path (default bench/results/latest.json, --memory: memory.json)")
+    ap.add_argument("--keep", action="store_true", help="keep the profiles in the temporary directory")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args()
+    if args.duration is None:
+        args.duration = 2 if args.quick else 5
+    if args.duration == int(args.duration):
+        args.duration = int(args.duration)
+
+    if not os.access(PYPROF, os.X_OK):
+        sys.exit("bench: %s is missing: run `cargo build --release` first" % os.path.relpath(PYPROF))
+    if args.wait_load:
+        wait_for_load(args.wait_load, 15 * 60)
+    meta = machine_meta(args)
+    if meta["loadavg_start"][0] > 1.5:
+        log("warning: 1-minute load is %.2f on %d CPUs; numbers will be noisy" % (meta["loadavg_start"][0], meta["cpus"]))
+
+    tmp = make_workdir()
+    try:
+        meta["pyprof_binary"] = snapshot_pyprof(tmp)
+        if args.memory:
+            res = memory(args, tmp)
+            meta["loadavg_end"] = list(os.getloadavg())
+            print("pyprof memory scenario: python %s, %d Hz for %s s, %d distinct stacks requested"
+                  % (res["python"], res["rate"], res["duration_requested"], args.memory_stacks))
+            for k in ["samples", "achieved_hz", "late", "distinct_stacks", "distinct_function_stacks",
+                      "peak_rss_kb_maxrss", "peak_rss_kb_vmhwm", "rss_kb_after_1s", "rss_kb_last", "output_bytes", "cpu_us_per_sample"]:
+                v = res[k]
+                print("  %-26s %s" % (k, ("%.1f" % v) if isinstance(v, float) else v))
+            doc = {"meta": meta, "memory": res}
+            path = args.output or os.path.join(BENCH, "results", "memory.json")
+        else:
+            meta["duration_per_run"] = args.duration
+            rows = matrix(args, tmp)
+            meta["loadavg_end"] = list(os.getloadavg())
+            print(table(rows))
+            print("\nload average %.2f at start, %.2f at end (1 min); %d CPUs"
+                  % (meta["loadavg_start"][0], meta["loadavg_end"][0], meta["cpus"]))
+            doc = {"meta": meta, "results": rows}
+            path = args.output or os.path.join(BENCH, "results", "latest.json")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(clean_json(doc), f, indent=1, ensure_ascii=False)
+            f.write("\n")
+        log("wrote %s" % os.path.relpath(path))
+    finally:
+        remove_workdir(tmp, args.keep)
+
+
+if __name__ == "__main__":
+    main()
