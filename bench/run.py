@@ -53,6 +53,17 @@ def log(msg):
 
 # --------------------------------------------------------------------------- targets
 
+
+def collapsed_samples(path):
+    """Total count in a collapsed-stacks file ("frame;frame;... count" lines)."""
+    samples = 0
+    with open(path) as f:
+        for line in f:
+            line = line.rstrip()
+            if line:
+                samples += int(line.rsplit(" ", 1)[1])
+    return samples
+
 class Python:
     """One interpreter: how to launch a script under it."""
 
@@ -207,12 +218,7 @@ class PySpy(Profiler):
         # taken rate x duration samples, however late, so the wall time is not -d but
         # from its "Sampling process ..." line (printed as its sampler thread starts,
         # after attaching) to its exit.
-        samples = 0
-        with open(out["host"] + ".txt") as f:
-            for line in f:
-                line = line.rstrip()
-                if line:
-                    samples += int(line.rsplit(" ", 1)[1])
+        samples = collapsed_samples(out["host"] + ".txt")
         m = re.search(r"Samples: (\d+) Errors: (\d+)", run["log"])
         errors = {"errors": int(m.group(2))} if m and int(m.group(2)) else {}
         notes = []
@@ -334,12 +340,7 @@ class Tachyon(Profiler):
                 "--collapsed", "-o", out["inner"] + ".txt", str(target.pid)]
 
     def parse(self, out, run):
-        samples = 0
-        with open(out["host"] + ".txt") as f:
-            for line in f:
-                line = line.rstrip()
-                if line:
-                    samples += int(line.rsplit(" ", 1)[1])
+        samples = collapsed_samples(out["host"] + ".txt")
         m = re.search(r"Captured (\d+) samples in ([\d.]+) seconds", run["log"])
         seconds = float(m.group(2)) if m else run["wall"]
         notes = []
