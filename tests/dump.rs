@@ -60,7 +60,10 @@ fn dump_equals_interpreters_own_view_of_every_thread() {
                     ]
                 );
                 assert_eq!(want[0].1, stacks_py);
-                assert_eq!(got["on_cpu"], true, "the spinning main thread is on CPU");
+                // One /proc read is one instant: the spinner can wait a moment
+                // for the GIL (another thread finishing), so ask several times.
+                let on_cpu = (0..10).filter(|_| thread_by_native(&dump_json(target.pid(), &[]), native).is_some_and(|t| t["on_cpu"] == true)).count();
+                assert!(on_cpu >= 6, "the spinning main thread was on CPU in only {on_cpu}/10 dumps");
             }
             if names.first() == Some(&"recurse") {
                 seen_recursion = true;
