@@ -16,6 +16,8 @@ use crate::process::{Target, file_name};
 pub struct AttachOptions {
     /// Use only this way of finding `_PyRuntime` (tests prove each on its own).
     pub runtime_method: Option<Method>,
+    /// `--native`: merge C frames into every stack.
+    pub native: Option<crate::native::NativeOptions>,
 }
 
 pub struct Attached {

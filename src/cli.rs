@@ -49,11 +49,25 @@ pub struct AttachArgs {
     /// Force one way of locating _PyRuntime: section, symbol or scan (for tests and debugging).
     #[arg(long, hide = true, env = "PYPROF_RUNTIME_METHOD")]
     pub runtime_method: Option<Method>,
+
+    /// Merge C frames (DWARF-unwound, symbolized) with the Python frames. Stops
+    /// each Python thread for a few microseconds per sample (ptrace).
+    #[arg(long)]
+    pub native: bool,
+
+    /// Do not look for separate debug files (build-id, .gnu_debuglink) when naming C frames.
+    #[arg(long, env = "PYPROF_NO_DEBUG_FILES", value_parser = clap::builder::BoolishValueParser::new())]
+    pub no_debug_files: bool,
 }
 
 impl AttachArgs {
     pub fn options(&self) -> AttachOptions {
-        AttachOptions { runtime_method: self.runtime_method }
+        let native = self.native.then(|| {
+            let mut o = crate::native::NativeOptions::default();
+            o.debug.enabled = !self.no_debug_files;
+            o
+        });
+        AttachOptions { runtime_method: self.runtime_method, native }
     }
 }
 

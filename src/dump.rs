@@ -47,6 +47,9 @@ pub fn snapshot_with_retry(session: &mut Session) -> Result<Vec<ThreadStack>> {
 
 pub fn run(session: &mut Session, opts: &DumpOptions, out: &mut dyn Write) -> Result<()> {
     let threads = snapshot_with_retry(session)?;
+    for w in session.native.iter().flat_map(|n| n.warnings.iter()) {
+        eprintln!("pyprof: warning: {w}");
+    }
     let a = &session.attached;
     if opts.json {
         let doc = DumpJson { pid: a.target.pid, python_version: a.offsets.version.to_string(), threads: &threads };
@@ -69,7 +72,11 @@ pub fn run(session: &mut Session, opts: &DumpOptions, out: &mut dyn Write) -> Re
         let id = t.native_id.map_or_else(|| format!("{:#x}", t.python_id), |n| n.to_string());
         writeln!(out, "Thread {id} ({}) [{}]", t.name.as_deref().unwrap_or("?"), facts.join(", "))?;
         for f in &t.frames {
-            writeln!(out, "    {} ({}:{})", f.function, f.file, f.line)?;
+            if f.native {
+                writeln!(out, "    {} [{}]", f.function, f.file)?;
+            } else {
+                writeln!(out, "    {} ({}:{})", f.function, f.file, f.line)?;
+            }
         }
     }
     Ok(())

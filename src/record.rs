@@ -227,6 +227,15 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
     if agg.overflowed > 0 {
         errors.insert("stack_table_full".into(), agg.overflowed);
     }
+    let native = cfg.attach.native.is_some().then_some(stats.native);
+    if let Some(n) = native {
+        // Kept with the profile so a reader can judge the native frames.
+        for (k, v) in [("native_truncated", n.truncated), ("native_not_merged", n.unmerged), ("native_no_registers", n.no_registers)] {
+            if v > 0 {
+                errors.insert(k.into(), v);
+            }
+        }
+    }
     let meta = Meta {
         pid: root_pid,
         command,
@@ -263,26 +272,42 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
             cfg.output.display(),
             cfg.format.name(),
         );
+        if let Some(n) = native {
+            eprintln!("pyprof: {}", n.describe());
+        }
+        for w in &stats.native_warnings {
+            eprintln!("pyprof: warning: {w}");
+        }
     }
 
     let code = match child.as_mut() {
         None => 0,
         Some(c) => {
-            if reason == StopReason::Interrupted && c.try_wait()?.is_none() {
+            if reason == StopReason::Interrupted && c.try_wait().is_ok_and(|s| s.is_none()) {
                 // The terminal's Ctrl-C reaches the child too; a `kill -INT`
                 // aimed at pyprof alone is passed on so the child can clean up.
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGINT);
                 let deadline = Instant::now() + Duration::from_secs(5);
-                while c.try_wait()?.is_none() && Instant::now() < deadline {
+                while c.try_wait().is_ok_and(|s| s.is_none()) && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(10));
                 }
-                if c.try_wait()?.is_none() {
+                if c.try_wait().is_ok_and(|s| s.is_none()) {
                     let _ = c.kill();
                 }
             }
-            let status = c.wait()?;
             use std::os::unix::process::ExitStatusExt;
-            status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+            match c.wait() {
+                Ok(status) => status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
+                // `--native` waits on the child's threads while they stop; if the
+                // child exited then, that wait reaped it and kept its status.
+                Err(e) => match crate::native::ptrace::reaped_status(c.id() as i32) {
+                    Some(raw) => {
+                        let status = std::process::ExitStatus::from_raw(raw);
+                        status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+                    }
+                    None => return Err(e.into()),
+                },
+            }
         }
     };
     Ok(code)

@@ -7,11 +7,13 @@ use serde::Serialize;
 
 use crate::attach::{AttachOptions, Attached, attach};
 use crate::error::Result;
+use crate::native::merge;
+use crate::native::{NativeRaw, NativeState, ptrace};
 use crate::process::memory::RemoteMemory;
 use crate::process::prefetch::Prefetcher;
 use crate::process::{task_comm, task_state};
 use crate::python::code::CodeCache;
-use crate::python::frames::{Frame, FrameWalker};
+use crate::python::frames::{EvalGroup, Frame, FrameWalker};
 use crate::python::thread_names::NameCache;
 use crate::python::threads::{ThreadState, find_pthread_tid_offset, gil_holder, thread_states};
 
@@ -29,14 +31,23 @@ pub struct ThreadStack {
 fn ser_frames<S: serde::Serializer>(frames: &[Frame], s: S) -> Result<S::Ok, S::Error> {
     use serde::ser::SerializeSeq;
     #[derive(Serialize)]
-    struct F<'a> {
-        function: &'a str,
-        file: &'a str,
-        line: i32,
+    #[serde(tag = "kind", rename_all = "lowercase")]
+    enum F<'a> {
+        Python {
+            function: &'a str,
+            file: &'a str,
+            line: i32,
+        },
+        /// `--native`: `module` is the file name of the library or executable.
+        Native {
+            function: &'a str,
+            module: &'a str,
+        },
     }
     let mut seq = s.serialize_seq(Some(frames.len()))?;
     for f in frames {
-        seq.serialize_element(&F { function: &f.function, file: &f.file, line: f.line })?;
+        let e = if f.native { F::Native { function: &f.function, module: &f.file } } else { F::Python { function: &f.function, file: &f.file, line: f.line } };
+        seq.serialize_element(&e)?;
     }
     seq.end()
 }
@@ -49,10 +60,13 @@ pub struct SnapshotNeeds {
     pub gil: bool,
     pub on_cpu: bool,
     pub names: bool,
+    /// `--native` in cpu mode: only threads on a CPU are counted, so only
+    /// they are stopped for their registers.
+    pub stop_running_only: bool,
 }
 
 impl SnapshotNeeds {
-    pub const ALL: SnapshotNeeds = SnapshotNeeds { gil: true, on_cpu: true, names: true };
+    pub const ALL: SnapshotNeeds = SnapshotNeeds { gil: true, on_cpu: true, names: true, stop_running_only: false };
 }
 
 pub struct Session {
@@ -68,12 +82,24 @@ pub struct Session {
     /// ≤ 3.10: where glibc keeps the tid in `struct pthread` (found once).
     pthread_tid_offset: Option<Option<u64>>,
     prefetch: Prefetcher,
+    /// `--native` state; None for Python-only sampling.
+    pub native: Option<NativeState>,
+    /// Eval-loop groups of each thread of the last walk (`--native` only).
+    groups: Vec<Vec<EvalGroup>>,
+    /// Native ids of the Python threads of the last snapshot: the threads
+    /// `--native` stops (others, e.g. BLAS workers, are left alone).
+    py_tids: Vec<i32>,
 }
 
 impl Session {
     pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Session> {
+        let attached = attach(pid, opts)?;
+        let native = opts.native.clone().map(|o| NativeState::new(&attached.target, o));
         Ok(Session {
-            attached: attach(pid, opts)?,
+            native,
+            groups: Vec::new(),
+            py_tids: Vec::new(),
+            attached,
             names: Default::default(),
             py_names: NameCache::default(),
             codes: CodeCache::default(),
@@ -96,8 +122,15 @@ impl Session {
         self.prefetch.stats()
     }
 
-    /// Every thread's stack, innermost frame first.
+    /// Every thread's stack, innermost frame first (with C frames under `--native`).
     pub fn snapshot(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
+        if self.native.is_some() {
+            return self.snapshot_native(needs);
+        }
+        self.snapshot_python(needs)
+    }
+
+    fn snapshot_python(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
         self.prefetch.begin(&self.attached.mem);
         self.codes.begin_snapshot();
         self.walker.begin();
@@ -162,6 +195,13 @@ impl Session {
             let mut frames = Vec::new();
             self.walker.note(ts.frame_field, ts.frame);
             self.walker.walk(mem, o, &mut self.codes, ts.frame, &mut frames)?;
+            if self.native.is_some() {
+                let i = out.len();
+                if self.groups.len() <= i {
+                    self.groups.resize_with(i + 1, Vec::new);
+                }
+                self.groups[i].clone_from(&self.walker.groups);
+            }
             let tid = native_id.map(|t| t as i32);
             let py_name = if needs.names { self.py_names.get(ts.interp, ts.thread_id) } else { None };
             let name = match (needs.names, native_id) {
@@ -182,7 +222,77 @@ impl Session {
     }
 }
 
+impl Session {
+    /// Stop the Python threads, walk their Python frames and unwind their C
+    /// stacks in that one frozen moment, let them go, then name and merge.
+    fn snapshot_native(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
+        let pid = self.pid();
+        let all = self.attached.target.threads();
+        // Read before stopping: a stopped thread shows as 't', not 'R'.
+        let running: Vec<i32> = if needs.on_cpu || needs.stop_running_only {
+            all.iter().copied().filter(|&t| crate::process::task_state(pid, t) == Some('R')).collect()
+        } else {
+            Vec::new()
+        };
+        let mut stop: Vec<i32> = if self.py_tids.is_empty() { all.clone() } else { self.py_tids.iter().copied().filter(|t| all.contains(t)).collect() };
+        if needs.stop_running_only {
+            stop.retain(|t| running.contains(t));
+        }
+        let stopped = ptrace::stop_threads(pid, &stop)?;
+        let walked = self.snapshot_python(SnapshotNeeds { on_cpu: false, ..needs });
+        let mut threads = match walked {
+            Ok(t) => t,
+            Err(e) => {
+                self.note_pause(stopped.held());
+                return Err(e);
+            }
+        };
+        let native = self.native.as_mut().expect("native state");
+        let mut raw: Vec<Option<(Vec<NativeRaw>, bool)>> = Vec::with_capacity(threads.len());
+        for t in &threads {
+            let regs = t.native_id.and_then(|tid| stopped.regs(tid as i32));
+            raw.push(regs.map(|r| {
+                let mut v = Vec::new();
+                let complete = native.unwind_raw(&self.attached.mem, r, &mut v);
+                (v, complete)
+            }));
+        }
+        let held = stopped.held();
+        drop(stopped);
+        self.note_pause(held);
+        self.py_tids = threads.iter().filter_map(|t| t.native_id.map(|n| n as i32)).collect();
+        let native = self.native.as_mut().expect("native state");
+        let mut frames = Vec::new();
+        let mut merged = Vec::new();
+        for (i, t) in threads.iter_mut().enumerate() {
+            t.on_cpu = needs.on_cpu && t.native_id.is_some_and(|n| running.contains(&(n as i32)));
+            native.stats.stacks += 1;
+            let Some((r, complete)) = raw[i].take() else {
+                native.stats.no_registers += 1;
+                continue;
+            };
+            native.symbolize(&r, &mut frames);
+            let groups = self.groups.get(i).map(Vec::as_slice).unwrap_or(&[]);
+            match merge::merge(&frames, complete, &t.frames, groups, &mut merged) {
+                merge::Outcome::Merged => native.stats.merged += 1,
+                merge::Outcome::Truncated => native.stats.truncated += 1,
+                merge::Outcome::Unmerged => native.stats.unmerged += 1,
+            }
+            std::mem::swap(&mut t.frames, &mut merged);
+        }
+        Ok(threads)
+    }
+
+    fn note_pause(&mut self, held: std::time::Duration) {
+        if let Some(n) = self.native.as_mut() {
+            n.stats.pause += held;
+            n.stats.pause_max = n.stats.pause_max.max(held);
+            n.stats.pauses += 1;
+        }
+    }
+}
+
 /// Shared, cheap-to-clone strings for frames built elsewhere (tests, writers).
 pub fn frame(function: &str, file: &str, line: i32) -> Frame {
-    Frame { function: Arc::from(function), file: Arc::from(file), line }
+    Frame { function: Arc::from(function), file: Arc::from(file), line, native: false }
 }

@@ -105,6 +105,9 @@ pub struct FrameOffsets {
     pub instr: u64,
     /// 3.11+: who owns the frame (thread, generator, C stack ...).
     pub owner: Option<u64>,
+    /// 3.11 only: a bool set on the first frame an eval-loop call pushed
+    /// (3.12+ mark that boundary with a shim frame instead, see `owner`).
+    pub is_entry: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -272,6 +275,7 @@ impl Offsets {
                 code: f.get("frame_object.code")?,
                 instr: f.get("frame_object.lasti")?,
                 owner: None,
+                is_entry: None,
             },
             FrameKind::InterpreterFrame => FrameOffsets {
                 size: f.get("interpreter_frame.size")?,
@@ -279,6 +283,7 @@ impl Offsets {
                 code: f.get("interpreter_frame.executable")?,
                 instr: f.get("interpreter_frame.instr_ptr")?,
                 owner: f.opt("interpreter_frame.owner"),
+                is_entry: f.opt("interpreter_frame.is_entry"),
             },
         };
         let names = layout.instance_dict.and_then(|kind| name_offsets(&f, kind));
@@ -373,6 +378,7 @@ impl Offsets {
         let instr_width = if self.layout.lasti == LastiUnit::InstrPtr { 8 } else { 4 };
         let mut ff = vec![("previous", fr.previous, 8), ("code", fr.code, 8), ("instr", fr.instr, instr_width)];
         ff.extend(fr.owner.map(|o| ("owner", o, 1)));
+        ff.extend(fr.is_entry.map(|o| ("is_entry", o, 1)));
         check("frame", fr.size, &ff)?;
         let c = &self.code;
         let mut cf = vec![("filename", c.filename, 8), ("name", c.name, 8), ("linetable", c.linetable, 8), ("firstlineno", c.firstlineno, 4)];

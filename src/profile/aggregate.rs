@@ -55,7 +55,14 @@ impl Aggregator {
     }
 
     fn intern_py(&mut self, f: &PyFrame) -> u32 {
-        let line = if self.opts.by_function { -1 } else { f.line };
+        // Native frames have no line; -2 also keeps their keys apart from Python's.
+        let line = if f.native {
+            -2
+        } else if self.opts.by_function {
+            -1
+        } else {
+            f.line
+        };
         let key = (f.function.as_ptr() as usize, f.file.as_ptr() as usize, line);
         if let Some(&id) = self.py_ids.get(&key) {
             return id;
@@ -66,7 +73,7 @@ impl Aggregator {
             function: f.function.to_string(),
             file: f.file.to_string(),
             line: if line > 0 { Some(line as u32) } else { None },
-            kind: FrameKind::Python,
+            kind: if f.native { FrameKind::Native } else { FrameKind::Python },
         });
         self.py_ids.insert(key, id);
         id

@@ -19,6 +19,21 @@ pub struct Frame {
     pub file: Arc<str>,
     /// 0 when the line table has no line for the instruction.
     pub line: i32,
+    /// A C function (`--native`): `function` is its symbol, `file` its module.
+    pub native: bool,
+}
+
+/// The Python frames one call of the interpreter's eval loop is running:
+/// `frames[previous group's end..end]` of a thread's walk, innermost first.
+/// `--native` splices each group in place of the C frame that runs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvalGroup {
+    pub end: usize,
+    /// 3.12+: address of the eval loop's entry shim frame, a local variable on
+    /// the C stack of that very call, so it names the native frame exactly.
+    /// 0 where the version has no such marker (one group per C call is then
+    /// matched by the eval function's symbol).
+    pub anchor: u64,
 }
 
 /// Reusable state for walking chains without reallocating per sample.
@@ -33,6 +48,8 @@ pub struct FrameWalker {
     /// Links of the last snapshot that passed verification.
     verified: Vec<(u64, u64)>,
     check: Vec<u8>,
+    /// Eval-loop groups of the last [`walk`](Self::walk), innermost first.
+    pub groups: Vec<EvalGroup>,
 }
 
 /// Brent's cycle detection: O(1) memory and a compare per frame, instead of a
@@ -117,6 +134,8 @@ impl FrameWalker {
 
     pub fn walk(&mut self, mem: &dyn RemoteMemory, o: &Offsets, codes: &mut CodeCache, mut frame: u64, out: &mut Vec<Frame>) -> Result<()> {
         self.buf.resize(o.frame.size as usize, 0);
+        self.groups.clear();
+        let base = out.len();
         let mut cycle = CycleCheck::new();
         let mut visited = 0usize;
         let mut first = true;
@@ -150,6 +169,9 @@ impl FrameWalker {
                     return Err(Error::Corrupt(format!("frame {frame:#x} was freed while read")));
                 }
             }
+            // 3.11 flags the first frame an eval call pushed; that call's
+            // group ends with it (checked after this frame is emitted).
+            let entry = o.frame.is_entry.is_some_and(|off| field_u8(buf, off as usize) != 0);
 
             if o.layout.frame == FrameKind::InterpreterFrame {
                 if let Some(owner_off) = o.frame.owner {
@@ -157,12 +179,16 @@ impl FrameWalker {
                     // Shim frames pushed by C code to mark an entry into the
                     // eval loop: not Python code.
                     if o.constants.first_non_python_owner.is_some_and(|first| owner >= first) {
+                        self.close_group(out.len() - base, frame);
                         frame = previous;
                         continue;
                     }
                 }
             }
             if code_addr == 0 {
+                if entry {
+                    self.close_group(out.len() - base, 0);
+                }
                 frame = previous;
                 continue;
             }
@@ -175,6 +201,9 @@ impl FrameWalker {
                     if ip < start {
                         // Pushed but not started yet (CPython calls this an
                         // incomplete frame and hides it from tracebacks too).
+                        if entry {
+                            self.close_group(out.len() - base, 0);
+                        }
                         frame = previous;
                         continue;
                     }
@@ -182,10 +211,23 @@ impl FrameWalker {
                 }
             };
             let line = o.layout.linetable.line(&code.linetable, code.firstlineno, instr).unwrap_or(0);
-            out.push(Frame { function: code.name.clone(), file: code.filename.clone(), line });
+            out.push(Frame { function: code.name.clone(), file: code.filename.clone(), line, native: false });
+            // ≤ 3.10 runs every frame in a C call of its own.
+            if entry || o.layout.frame == FrameKind::FrameObject {
+                self.close_group(out.len() - base, 0);
+            }
             frame = previous;
         }
+        self.close_group(out.len() - base, 0);
         Ok(())
+    }
+
+    /// End the current eval group at `end` frames; empty groups (an eval call
+    /// that has not pushed its first frame yet, 3.14's base frame) are dropped.
+    fn close_group(&mut self, end: usize, anchor: u64) {
+        if end > self.groups.last().map_or(0, |g| g.end) {
+            self.groups.push(EvalGroup { end, anchor });
+        }
     }
 }
 

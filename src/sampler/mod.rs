@@ -78,9 +78,21 @@ pub struct SamplerStats {
     pub errors: BTreeMap<String, u64>,
     pub elapsed: Duration,
     pub syscalls: u64,
+    /// `--native`: merge outcomes and how long the target was held.
+    pub native: crate::native::NativeStats,
+    /// What the native symbolizers ignored and why (bad perf maps, jitdumps).
+    pub native_warnings: Vec<String>,
 }
 
 impl SamplerStats {
+    fn add_warnings(&mut self, ws: &[String]) {
+        for w in ws {
+            if !self.native_warnings.contains(w) {
+                self.native_warnings.push(w.clone());
+            }
+        }
+    }
+
     pub fn achieved_hz(&self) -> f64 {
         let s = self.elapsed.as_secs_f64();
         if s > 0.0 { self.ticks as f64 / s } else { 0.0 }
@@ -140,7 +152,7 @@ pub fn run(
     progress: &mut dyn Progress,
     mut discover: Option<&mut dyn Discover>,
 ) -> (SamplerStats, StopReason) {
-    let needs = SnapshotNeeds { gil: cfg.mode == Mode::Gil, on_cpu: cfg.mode == Mode::Cpu, names: true };
+    let needs = SnapshotNeeds { gil: cfg.mode == Mode::Gil, on_cpu: cfg.mode == Mode::Cpu, names: true, stop_running_only: cfg.mode == Mode::Cpu };
     let mut stats = SamplerStats::default();
     let mut timer = timer::Timer::new(Duration::from_secs_f64(1.0 / cfg.rate_hz));
     let commands: Vec<String> = sessions.iter().map(|s| s.attached.target.cmdline().join(" ")).collect();
@@ -195,6 +207,10 @@ pub fn run(
                 }
                 Err(e) if e.is_process_gone() || !s.attached.target.is_alive() => {
                     stats.syscalls += s.attached.mem.syscalls();
+                    if let Some(n) = &s.native {
+                        stats.native.add(&n.stats);
+                        stats.add_warnings(&n.warnings);
+                    }
                     sessions.remove(i);
                 }
                 Err(e) => {
@@ -227,6 +243,10 @@ pub fn run(
     stats.late = timer.late;
     stats.skipped = timer.skipped;
     stats.syscalls += sessions.iter().map(|s| s.attached.mem.syscalls()).sum::<u64>();
+    for n in sessions.iter().filter_map(|s| s.native.as_ref()) {
+        stats.native.add(&n.stats);
+        stats.add_warnings(&n.warnings);
+    }
     let _ = threads_seen;
     (stats, reason)
 }

@@ -1,0 +1,452 @@
+//! `--native`: C frames merged with Python frames. Per sample, the target's
+//! threads are held for a moment ([`ptrace`]), each one's C stack is unwound
+//! with DWARF CFI (framehop, over the modules in [`modules`]), every return
+//! address is named ([`symbols`], perf map, jitdump) and [`merge`] splices the
+//! Python frames read in the same moment into place.
+//!
+//! Addresses: avma in the target; framehop hands out return addresses and
+//! lookups use `ra − 1` (inside the call instruction, not after it).
+
+pub mod jitdump;
+pub mod merge;
+pub mod modules;
+pub mod perf_map;
+pub mod ptrace;
+pub mod symbols;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{FrameAddress, Unwinder};
+
+use crate::process::Target;
+use crate::process::maps::{Mapping, read_maps};
+use crate::process::memory::VmReader;
+use merge::{NativeFrame, NativeKind};
+use modules::{Bytes, CodeModule};
+
+/// Deeper C stacks are cut (and marked truncated).
+pub const MAX_NATIVE_FRAMES: usize = 2048;
+/// Stack memory is read in aligned blocks of this size, on demand.
+const STACK_BLOCK: u64 = 16 * 1024;
+/// Maps, perf map and jitdump are re-read at most this often when an address
+/// falls outside everything known (a dlopen, a new trampoline).
+const REFRESH_EVERY: Duration = Duration::from_millis(250);
+/// Symbol cache entries before it is emptied (bounded memory).
+const MAX_CACHED_SYMBOLS: usize = 1 << 16;
+
+/// Options a user (or a test) can set.
+#[derive(Debug, Clone, Default)]
+pub struct NativeOptions {
+    pub debug: symbols::DebugSearch,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NativeStats {
+    pub stacks: u64,
+    pub merged: u64,
+    pub truncated: u64,
+    pub unmerged: u64,
+    /// Samples whose thread could not be stopped in time (no native frames).
+    pub no_registers: u64,
+    /// Total and worst time the target's threads were held.
+    pub pause: Duration,
+    pub pause_max: Duration,
+    pub pauses: u64,
+}
+
+impl NativeStats {
+    pub fn add(&mut self, o: &NativeStats) {
+        self.stacks += o.stacks;
+        self.merged += o.merged;
+        self.truncated += o.truncated;
+        self.unmerged += o.unmerged;
+        self.no_registers += o.no_registers;
+        self.pause += o.pause;
+        self.pause_max = self.pause_max.max(o.pause_max);
+        self.pauses += o.pauses;
+    }
+
+    /// One line for the record summary.
+    pub fn describe(&self) -> String {
+        let pct = |n: u64| if self.stacks == 0 { 0.0 } else { 100.0 * n as f64 / self.stacks as f64 };
+        let mean = if self.pauses == 0 { 0.0 } else { self.pause.as_secs_f64() * 1e6 / self.pauses as f64 };
+        format!(
+            "native: {} stacks, {:.1}% merged, {:.1}% truncated, {:.1}% not merged, {} without registers; target held {:.0} µs per sample on average ({:.0} µs at most)",
+            self.stacks,
+            pct(self.merged),
+            pct(self.truncated),
+            pct(self.unmerged),
+            self.no_registers,
+            mean,
+            self.pause_max.as_secs_f64() * 1e6
+        )
+    }
+}
+
+#[derive(Clone)]
+struct Named {
+    function: Arc<str>,
+    module: Arc<str>,
+    kind: NativeKind,
+}
+
+/// Native unwinding and symbolization state for one target process.
+pub struct NativeState {
+    target: Target,
+    opts: NativeOptions,
+    maps: Vec<Mapping>,
+    modules: Vec<CodeModule>,
+    symbols: HashMap<usize, Option<symbols::ElfSymbols>>,
+    unwinder: UnwinderX86_64<Bytes>,
+    cache: Box<CacheX86_64>,
+    perf_map: perf_map::PerfMap,
+    jit: Vec<(std::ops::Range<u64>, Arc<str>)>,
+    jit_modules: std::collections::HashSet<u64>,
+    last_refresh: Option<Instant>,
+    names: HashMap<u64, Named>,
+    /// Return address → "is inside a 3.12 perf trampoline" (code never changes there).
+    trampoline_code: HashMap<u64, bool>,
+    uid: Option<u32>,
+    ns_pid: i32,
+    pub warnings: Vec<String>,
+    pub stats: NativeStats,
+}
+
+/// Lazily read stack memory of one stopped thread, block by block.
+struct StackReader<'a> {
+    mem: &'a VmReader,
+    blocks: Vec<(u64, Vec<u8>)>,
+}
+
+impl StackReader<'_> {
+    fn read_u64(&mut self, addr: u64) -> Result<u64, ()> {
+        if addr % 8 != 0 {
+            return Err(());
+        }
+        let base = addr & !(STACK_BLOCK - 1);
+        let i = match self.blocks.iter().position(|(b, _)| *b == base) {
+            Some(i) => i,
+            None => {
+                if self.blocks.len() >= 256 {
+                    return Err(());
+                }
+                let mut buf = vec![0u8; STACK_BLOCK as usize];
+                // A block past the top of the stack mapping is partly unmapped:
+                // keep what arrived.
+                let got = self.mem.read_partial(&mut [(base, &mut buf[..])]);
+                let got = if got == 0 {
+                    // The first page may be the unmapped one below sp's page: retry from addr's page.
+                    let page = addr & !0xfff;
+                    let off = (page - base) as usize;
+                    let n = self.mem.read_partial(&mut [(page, &mut buf[off..])]);
+                    if n == 0 {
+                        return Err(());
+                    }
+                    buf.truncate(off + n);
+                    buf[..off].fill(0);
+                    off + n
+                } else {
+                    got
+                };
+                buf.truncate(got);
+                self.blocks.push((base, buf));
+                self.blocks.len() - 1
+            }
+        };
+        let (_, b) = &self.blocks[i];
+        let off = (addr - base) as usize;
+        b.get(off..off + 8).map(|s| u64::from_le_bytes(s.try_into().unwrap())).ok_or(())
+    }
+}
+
+impl NativeState {
+    pub fn new(target: &Target, opts: NativeOptions) -> NativeState {
+        let mut s = NativeState {
+            target: target.clone(),
+            opts,
+            maps: Vec::new(),
+            modules: Vec::new(),
+            symbols: HashMap::new(),
+            unwinder: UnwinderX86_64::new(),
+            cache: Box::new(CacheX86_64::new()),
+            perf_map: Default::default(),
+            jit: Vec::new(),
+            jit_modules: Default::default(),
+            last_refresh: None,
+            names: HashMap::new(),
+            trampoline_code: HashMap::new(),
+            uid: modules::target_uid(target.pid),
+            ns_pid: modules::namespace_pid(target.pid),
+            warnings: Vec::new(),
+            stats: NativeStats::default(),
+        };
+        s.refresh(true);
+        s
+    }
+
+    /// Re-read maps (modules come and go with dlopen) and the trampoline maps.
+    fn refresh(&mut self, force: bool) {
+        if !force && self.last_refresh.is_some_and(|t| t.elapsed() < REFRESH_EVERY) {
+            return;
+        }
+        self.last_refresh = Some(Instant::now());
+        if let Ok(maps) = read_maps(self.target.pid) {
+            let known: Vec<&str> = self.modules.iter().map(|m| m.path.as_str()).collect();
+            let fresh: Vec<&str> = {
+                let mut v: Vec<&str> = Vec::new();
+                for m in &maps {
+                    if let (true, Some(p)) = (m.executable, m.path.as_deref()) {
+                        if !v.contains(&p) {
+                            v.push(p);
+                        }
+                    }
+                }
+                v
+            };
+            if fresh.iter().any(|p| !known.contains(p)) || known.iter().any(|p| !fresh.contains(p)) {
+                for m in &self.modules {
+                    self.unwinder.remove_module(m.avma.start);
+                }
+                self.modules = modules::load_modules(&self.target, &maps);
+                self.symbols.clear();
+                self.names.clear();
+                for m in &mut self.modules {
+                    if let Some(sections) = m.sections.take() {
+                        self.unwinder.add_module(framehop::Module::new(m.path.clone(), m.avma.clone(), m.bias, sections));
+                    }
+                }
+            }
+            self.maps = maps;
+        }
+        self.load_trampolines();
+    }
+
+    fn load_trampolines(&mut self) {
+        let Some(uid) = self.uid else { return };
+        let map_path = modules::target_tmp(&self.target, &format!("perf-{}.map", self.ns_pid));
+        if map_path.symlink_metadata().is_ok() {
+            match perf_map::load(&map_path, uid) {
+                Ok(m) => {
+                    if m.len() != self.perf_map.len() {
+                        self.names.retain(|_, n| n.kind != NativeKind::Trampoline);
+                    }
+                    self.perf_map = m;
+                }
+                Err(e) => self.warn(format!("perf map ignored: {e}")),
+            }
+        }
+        let dump_path = modules::target_tmp(&self.target, &format!("jit-{}.dump", self.ns_pid));
+        if dump_path.symlink_metadata().is_ok() {
+            match jitdump::load(&dump_path, uid) {
+                Ok(d) => {
+                    for w in &d.warnings {
+                        self.warn(format!("jitdump {}: {w}", dump_path.display()));
+                    }
+                    self.jit = d.loads.iter().map(|l| (l.code_addr..l.code_addr.saturating_add(l.code_size), Arc::from(l.name.as_str()))).collect();
+                    self.jit.sort_by_key(|(r, _)| r.start);
+                    for l in &d.loads {
+                        self.add_jit_unwind(l);
+                    }
+                }
+                Err(e) => self.warn(format!("jitdump ignored: {e}")),
+            }
+        }
+    }
+
+    /// The jitdump's own CFI for a trampoline, as a module of its own.
+    fn add_jit_unwind(&mut self, l: &jitdump::JitCodeLoad) {
+        let Some(u) = &l.unwind else { return };
+        if self.jit_modules.contains(&l.code_addr) || u.eh_frame.is_empty() || l.code_size == 0 {
+            return;
+        }
+        // A trampoline inside a file-backed module would shadow it: never.
+        if self.modules.iter().any(|m| m.avma.contains(&l.code_addr)) {
+            return;
+        }
+        self.jit_modules.insert(l.code_addr);
+        let hdr_addr = u.eh_frame_hdr_addr(l.code_addr, l.code_size);
+        let eh_addr = u.eh_frame_addr(l.code_addr, l.code_size);
+        let owned = |v: &Vec<u8>| -> Bytes { modules::owned_bytes(v.clone()) };
+        let info = framehop::ExplicitModuleSectionInfo {
+            base_svma: 0,
+            text_svma: Some(l.code_addr..l.code_addr + l.code_size),
+            eh_frame_svma: Some(eh_addr..eh_addr + u.eh_frame.len() as u64),
+            eh_frame: Some(owned(&u.eh_frame)),
+            eh_frame_hdr_svma: (!u.eh_frame_hdr.is_empty()).then(|| hdr_addr..hdr_addr + u.eh_frame_hdr.len() as u64),
+            eh_frame_hdr: (!u.eh_frame_hdr.is_empty()).then(|| owned(&u.eh_frame_hdr)),
+            ..Default::default()
+        };
+        self.unwinder.add_module(framehop::Module::new(l.name.clone(), l.code_addr..l.code_addr + l.code_size, 0, info));
+    }
+
+    fn warn(&mut self, w: String) {
+        if !self.warnings.contains(&w) && self.warnings.len() < 32 {
+            self.warnings.push(w);
+        }
+    }
+
+    fn mapping(&self, addr: u64) -> Option<&Mapping> {
+        let i = self.maps.partition_point(|m| m.start <= addr);
+        self.maps.get(i.checked_sub(1)?).filter(|m| m.contains(addr))
+    }
+
+    /// The name of the code at `addr` (a lookup address: ip, or ra − 1).
+    fn name(&mut self, addr: u64) -> Named {
+        if let Some(n) = self.names.get(&addr) {
+            return n.clone();
+        }
+        let mut named = self.resolve(addr);
+        if named.is_none() {
+            self.refresh(false);
+            named = self.resolve(addr);
+        }
+        let named = named.unwrap_or_else(|| {
+            // Not in any mapping we know: an address, but relative to nothing
+            // stable, so say what it is rather than print it.
+            Named { function: Arc::from("[unknown]"), module: Arc::from("[unknown]"), kind: NativeKind::Other }
+        });
+        if self.names.len() >= MAX_CACHED_SYMBOLS {
+            self.names.clear();
+        }
+        self.names.insert(addr, named.clone());
+        named
+    }
+
+    fn resolve(&mut self, addr: u64) -> Option<Named> {
+        if let Some(i) = self.modules.iter().position(|m| m.text.iter().any(|r| r.contains(&addr))) {
+            let m = &self.modules[i];
+            let (bias, module, host) = (m.bias, m.name.clone(), m.host_path.clone());
+            let root = std::path::PathBuf::from(format!("/proc/{}/root", self.target.pid));
+            let debug = self.opts.debug.clone();
+            let syms = self.symbols.entry(i).or_insert_with(|| symbols::ElfSymbols::load(&host, &root, &debug).ok());
+            if let Some(hit) = syms.as_ref().and_then(|s| s.lookup(addr.wrapping_sub(bias))) {
+                let kind = if hit.name.starts_with("_PyEval_EvalFrameDefault") {
+                    NativeKind::Eval
+                } else if hit.name == "py_trampoline_evaluator" {
+                    NativeKind::PerfSupport
+                } else {
+                    NativeKind::Other
+                };
+                return Some(Named { function: Arc::from(hit.name), module, kind });
+            }
+            let off = self.modules[i].file_offset(addr).unwrap_or(addr.wrapping_sub(bias));
+            return Some(Named { function: Arc::from(format!("{module}+{off:#x}")), module, kind: NativeKind::Other });
+        }
+        if let Some(e) = self.perf_map.lookup(addr) {
+            let kind = if e.name.starts_with("py::") { NativeKind::Trampoline } else { NativeKind::Other };
+            return Some(Named { function: Arc::from(e.name.as_str()), module: Arc::from("[perf-map]"), kind });
+        }
+        let i = self.jit.partition_point(|(r, _)| r.start <= addr);
+        if let Some((r, name)) = i.checked_sub(1).map(|i| &self.jit[i]) {
+            if r.contains(&addr) {
+                let kind = if name.starts_with("py::") { NativeKind::Trampoline } else { NativeKind::Other };
+                return Some(Named { function: name.clone(), module: Arc::from("[jitdump]"), kind });
+            }
+        }
+        let m = self.mapping(addr)?;
+        let (label, kind) = match &m.path {
+            Some(p) => (crate::process::file_name(p).to_string(), NativeKind::Other),
+            None => ("[anon]".to_string(), NativeKind::Anonymous),
+        };
+        let off = addr - m.start + m.offset;
+        Some(Named { function: Arc::from(format!("{label}+{off:#x}")), module: Arc::from(label.as_str()), kind })
+    }
+
+    /// Unwind one stopped thread (memory is read while it is held). Returns
+    /// whether the unwind reached the stack's end; `out` is innermost first.
+    pub fn unwind_raw(&mut self, mem: &VmReader, regs: ptrace::Regs, out: &mut Vec<NativeRaw>) -> bool {
+        out.clear();
+        let mut reader = StackReader { mem, blocks: Vec::new() };
+        let mut read = |a: u64| reader.read_u64(a);
+        let mut uregs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
+        let mut addr = FrameAddress::from_instruction_pointer(regs.ip);
+        loop {
+            if out.len() >= MAX_NATIVE_FRAMES {
+                return false;
+            }
+            let sp = uregs.sp();
+            let lookup = addr.address_for_lookup();
+            if addr.is_return_address() && self.in_stack_aligning_trampoline(mem, addr.address()) {
+                // 3.12's trampoline keeps no frame pointer and has no CFI:
+                // `sub $8,%rsp; call *%rcx` leaves its own return address 8
+                // bytes above the callee's CFA.
+                let Ok(ra) = read(sp + 8) else {
+                    out.push(NativeRaw { lookup, sp, cfa: u64::MAX });
+                    return false;
+                };
+                out.push(NativeRaw { lookup, sp, cfa: sp + 16 });
+                uregs.set_sp(sp + 16);
+                match FrameAddress::from_return_address(ra) {
+                    Some(a) => {
+                        addr = a;
+                        continue;
+                    }
+                    None => return true,
+                }
+            }
+            match self.unwinder.unwind_frame(addr, &mut uregs, &mut self.cache, &mut read) {
+                Ok(Some(ra)) => {
+                    out.push(NativeRaw { lookup, sp, cfa: uregs.sp() });
+                    // The stack grows down: every caller's frame lies above its callee's.
+                    if uregs.sp() <= sp {
+                        return false;
+                    }
+                    match FrameAddress::from_return_address(ra) {
+                        Some(a) => addr = a,
+                        None => return true,
+                    }
+                }
+                // framehop's "end of stack": a zero return address or frame pointer.
+                Ok(None) => {
+                    out.push(NativeRaw { lookup, sp, cfa: u64::MAX });
+                    return true;
+                }
+                Err(_) => {
+                    out.push(NativeRaw { lookup, sp, cfa: u64::MAX });
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Is `ra` the return address inside a copy of CPython 3.12's perf
+    /// trampoline (`sub $8,%rsp; call *%rcx; add $8,%rsp; ret`)? Judged by the
+    /// code itself, so it holds before the perf map names it, or without one.
+    fn in_stack_aligning_trampoline(&mut self, mem: &VmReader, ra: u64) -> bool {
+        const CALL: [u8; 6] = [0x48, 0x83, 0xec, 0x08, 0xff, 0xd1];
+        const RET: [u8; 5] = [0x48, 0x83, 0xc4, 0x08, 0xc3];
+        if self.modules.iter().any(|m| m.avma.contains(&ra)) {
+            return false;
+        }
+        if let Some(&known) = self.trampoline_code.get(&ra) {
+            return known;
+        }
+        let mut code = [0u8; 11];
+        let is = mem.read_partial(&mut [(ra.wrapping_sub(6), &mut code[..])]) == 11 && code[..6] == CALL && code[6..] == RET;
+        if self.trampoline_code.len() > MAX_CACHED_SYMBOLS {
+            self.trampoline_code.clear();
+        }
+        self.trampoline_code.insert(ra, is);
+        is
+    }
+
+    /// Name the frames of [`unwind_raw`](Self::unwind_raw) (after the thread is released).
+    pub fn symbolize(&mut self, raw: &[NativeRaw], out: &mut Vec<NativeFrame>) {
+        out.clear();
+        for r in raw {
+            let n = self.name(r.lookup);
+            out.push(NativeFrame { function: n.function, module: n.module, kind: n.kind, sp: r.sp, cfa: r.cfa });
+        }
+    }
+}
+
+/// One unwound frame before naming: its lookup address and stack range.
+#[derive(Debug, Clone, Copy)]
+pub struct NativeRaw {
+    pub lookup: u64,
+    pub sp: u64,
+    pub cfa: u64,
+}

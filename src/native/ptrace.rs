@@ -1,0 +1,189 @@
+//! Registers of the target's threads, for `--native`: each thread is stopped
+//! for the length of one sample (PTRACE_SEIZE + PTRACE_INTERRUPT), its
+//! registers read, and released (PTRACE_DETACH) before the next tick.
+//!
+//! Why ptrace and not the alternatives (docs/architecture.md says more):
+//! perf_event_open samples on the kernel's own clock, so its user stack copy
+//! cannot be paired with a Python stack read at the same instant, and it never
+//! samples a sleeping thread; `/proc/PID/task/TID/syscall` has no registers for
+//! a running thread and no frame pointer for a blocked one. A stop per sample
+//! gives registers, C stack and Python frames from one frozen moment.
+//!
+//! Nothing stays attached between samples: if pyprof dies, no thread is left
+//! traced, and signals sent to the target between samples reach it untouched.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result, permission_hint};
+
+/// A thread's registers at its stop: what unwinding needs on x86-64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Regs {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// How long to wait for one thread to reach its stop. A thread in an
+/// uninterruptible sleep (disk I/O) stops only when it returns to user space;
+/// past this it is released and sampled without native frames.
+const STOP_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// Exit statuses of processes our own waitpid happened to reap (a launched
+/// child whose main thread we were stopping as it exited). `record` asks here
+/// when its own wait finds the child already gone.
+static REAPED: Mutex<Option<HashMap<i32, i32>>> = Mutex::new(None);
+
+/// The raw wait status of `pid` if a stop-wait reaped it.
+pub fn reaped_status(pid: i32) -> Option<i32> {
+    REAPED.lock().ok()?.as_ref()?.get(&pid).copied()
+}
+
+/// Threads of one process held stopped; dropping it lets them all go.
+pub struct Stopped {
+    /// (tid, registers, signal to pass on when released).
+    threads: Vec<(i32, Option<Regs>, i32)>,
+    started: Instant,
+}
+
+impl Stopped {
+    /// Registers of `tid`, if it reached its stop.
+    pub fn regs(&self, tid: i32) -> Option<Regs> {
+        self.threads.iter().find(|t| t.0 == tid).and_then(|t| t.1)
+    }
+
+    /// How long the threads have been held so far.
+    pub fn held(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        for &(tid, _, sig) in &self.threads {
+            // SAFETY: plain syscalls without pointers (waitpid's status aside).
+            unsafe {
+                if libc::ptrace(libc::PTRACE_DETACH, tid, 0usize, sig as usize) != 0 {
+                    // Detach needs a stopped tracee: one that had not reached its
+                    // stop yet (timed out) would be left frozen once it does, so
+                    // wait for that stop and release it then.
+                    let mut status = 0;
+                    if libc::waitpid(tid, &mut status, libc::__WALL) == tid && libc::WIFSTOPPED(status) {
+                        libc::ptrace(libc::PTRACE_DETACH, tid, 0usize, 0usize);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn seize(pid: i32, tid: i32) -> Result<bool> {
+    // SAFETY: PTRACE_SEIZE takes no pointers.
+    let r = unsafe { libc::ptrace(libc::PTRACE_SEIZE, tid, 0usize, 0usize) };
+    if r == 0 {
+        return Ok(true);
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        // The thread exited since we listed it.
+        Some(libc::ESRCH) => Ok(false),
+        Some(libc::EPERM) => {
+            let traced_by = tracer_of(pid, tid);
+            let hint = match traced_by {
+                Some(t) if t != 0 => format!("thread {tid} is already traced by pid {t} (a debugger or another profiler); detach it first"),
+                _ => format!("--native stops threads with ptrace: {}", permission_hint()),
+            };
+            Err(Error::PermissionDenied { pid, hint })
+        }
+        _ => Err(Error::Io(err)),
+    }
+}
+
+fn tracer_of(pid: i32, tid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("TracerPid:")).and_then(|v| v.trim().parse().ok())
+}
+
+/// Wait for `tid`'s stop. Returns the signal to re-inject on release (a
+/// signal that arrived meanwhile), or None if the thread is gone.
+fn wait_stop(pid: i32, tid: i32) -> Option<Option<i32>> {
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    let mut spins = 0u32;
+    loop {
+        let mut status = 0;
+        // SAFETY: status is a valid out pointer.
+        let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL | libc::WNOHANG) };
+        if r == tid {
+            if libc::WIFSTOPPED(status) {
+                let sig = libc::WSTOPSIG(status);
+                let event = (status >> 16) & 0xff;
+                // PTRACE_EVENT_STOP is our interrupt (or a group stop);
+                // anything else is a signal on its way to the thread.
+                let pass = if event == libc::PTRACE_EVENT_STOP || sig == libc::SIGTRAP { 0 } else { sig };
+                return Some(Some(pass));
+            }
+            // Exited or killed while we waited: for the main thread of our own
+            // child we have just reaped it, so keep its status for `record`.
+            if tid == pid {
+                if let Ok(mut g) = REAPED.lock() {
+                    g.get_or_insert_with(HashMap::new).insert(pid, status);
+                }
+            }
+            return None;
+        }
+        if r < 0 {
+            return None;
+        }
+        if Instant::now() >= deadline {
+            return Some(None);
+        }
+        spins += 1;
+        if spins < 200 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+}
+
+fn get_regs(tid: i32) -> Option<Regs> {
+    // SAFETY: user_regs_struct is plain data; the kernel fills it.
+    let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::ptrace(libc::PTRACE_GETREGS, tid, 0usize, &mut r as *mut _ as usize) };
+    (ok == 0).then_some(Regs { ip: r.rip, sp: r.rsp, bp: r.rbp })
+}
+
+/// Stop every listed thread of `pid` and read their registers. Threads that
+/// exit meanwhile are skipped; one we may not trace fails the whole call.
+pub fn stop_threads(pid: i32, tids: &[i32]) -> Result<Stopped> {
+    let mut stopped = Stopped { threads: Vec::with_capacity(tids.len()), started: Instant::now() };
+    let mut seized = Vec::with_capacity(tids.len());
+    for &tid in tids {
+        if seize(pid, tid)? {
+            seized.push(tid);
+            // Registered at once so that an error below still releases it.
+            stopped.threads.push((tid, None, 0));
+        }
+    }
+    // Interrupt all first, then wait: the threads stop in parallel.
+    for &tid in &seized {
+        // SAFETY: no pointers.
+        unsafe {
+            libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize);
+        }
+    }
+    for t in stopped.threads.iter_mut() {
+        match wait_stop(pid, t.0) {
+            Some(Some(sig)) => {
+                t.2 = sig;
+                t.1 = get_regs(t.0);
+            }
+            // Timed out: it is still seized and gets detached on drop.
+            Some(None) => {}
+            None => t.1 = None,
+        }
+    }
+    Ok(stopped)
+}
