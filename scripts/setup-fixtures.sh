@@ -8,6 +8,8 @@
 #   - Debian's own /usr/bin/python3.11 (static, stripped; apt package python3.11)
 #   - a Debian sid chroot with python3.13, 3.14, 3.15 (debootstrap)
 #   - py-spy and austin in a venv, as oracles and benchmark peers
+#   - libc6-dbg (names for libc's internal functions in --native stacks)
+#   - numpy in a venv of pyenv 3.12 (a real C extension for --native tests)
 set -euo pipefail
 
 CACHE="${PYPROF_CACHE:-$HOME/.cache/pyprof}"
@@ -43,7 +45,7 @@ for v in 2.7 3.7 3.8 3.9 3.10 3.11 3.12 3.13; do
 done
 
 # 2. Debian's static python3.11, and tools the tests use.
-apt_install python3.11 debootstrap chromium golang-go
+apt_install python3.11 debootstrap chromium golang-go libc6-dbg
 
 # 3. Debian sid chroot with 3.13-3.15. Built aside and renamed, so an
 #    interrupted run never leaves a half chroot that looks complete.
@@ -69,6 +71,15 @@ if [ ! -x "$TOOLS/bin/py-spy" ] || [ ! -x "$TOOLS/bin/austin" ]; then
   base_py="$(ls -d "$PYENV_ROOT"/versions/3.11.*/bin/python3.11 | head -n1)"
   "$base_py" -m venv "$TOOLS"
   "$TOOLS/bin/pip" install -q py-spy==0.4.3 austin-dist==4.0.0
+fi
+
+# 4b. numpy, a real C extension from PyPI, for the --native tests; pinned.
+NUMPY="$CACHE/numpy-venv"
+if [ ! -x "$NUMPY/bin/python" ] || ! "$NUMPY/bin/python" -c 'import numpy' 2>/dev/null; then
+  py312="$(ls -d "$PYENV_ROOT"/versions/3.12.*/bin/python3.12 | head -n1)"
+  rm -rf "$NUMPY"
+  "$py312" -m venv "$NUMPY"
+  "$NUMPY/bin/pip" install -q numpy==2.1.3
 fi
 
 # 5. speedscope's file-format schema and ajv-cli to validate pyprof's
