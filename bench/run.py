@@ -186,24 +186,34 @@ class Profiler:
 
 
 class PyProf(Profiler):
-    name = "pyprof"
     exe = PYPROF   # replaced by a private copy for the run (see snapshot_pyprof)
 
+    def __init__(self, native=False):
+        self.native = native
+        self.name = "pyprof --native" if native else "pyprof"
+
     def command(self, target, rate, secs, out):
-        return [PyProf.exe, "record", "--pid", str(target.pid), "-r", str(rate), "-d", str(secs),
-                "-o", out["host"] + ".json", "-q"]
+        cmd = [PyProf.exe, "record", "--pid", str(target.pid), "-r", str(rate), "-d", str(secs),
+               "-o", out["host"] + ".json"]
+        # --native: keep the summary, it reports how long the target was held
+        return cmd + (["--native"] if self.native else ["-q"])
 
     def parse(self, out, run):
         with open(out["host"] + ".json") as f:
             meta = json.load(f)["meta"]
-        return {"samples": meta["samples"], "seconds": meta["duration_secs"],
-                "late": meta.get("late"), "errors": meta.get("errors") or {}}
+        res = {"samples": meta["samples"], "seconds": meta["duration_secs"],
+               "late": meta.get("late"), "errors": meta.get("errors") or {}}
+        m = re.search(r"native: \d+ stacks, ([\d.]+)% merged.*held (\d+) µs per sample on average \((\d+) µs at most\)", run["log"])
+        if m:
+            res.update({"merged_pct": float(m.group(1)), "pause_us": float(m.group(2)), "pause_max_us": float(m.group(3))})
+        return res
 
 
 class PySpy(Profiler):
-    def __init__(self, blocking):
+    def __init__(self, blocking, native=False):
         self.blocking = blocking
-        self.name = "py-spy" if blocking else "py-spy --nonblocking"
+        self.native = native
+        self.name = "py-spy --native" if native else "py-spy" if blocking else "py-spy --nonblocking"
         self.exe = os.path.join(TOOLS, "py-spy")
 
     def command(self, target, rate, secs, out):
@@ -211,6 +221,8 @@ class PySpy(Profiler):
                "-f", "raw", "-o", out["host"] + ".txt"]
         if not self.blocking:
             cmd.insert(2, "--nonblocking")
+        if self.native:
+            cmd.insert(2, "--native")   # py-spy's --native always pauses the target
         return cmd
 
     def parse(self, out, run):
@@ -523,6 +535,8 @@ COLUMNS = [
     ("cpu_s_per_1000_samples", "CPU s/1000 samples", "%.4f"),
     ("slowdown_pct", "target slowdown %", "%.1f"),
     ("steady_cpu_us_per_sample", "steady CPU µs/sample", "%.1f"),
+    ("pause_us", "held µs/sample", "%.0f"),
+    ("merged_pct", "merged %", "%.1f"),
     ("note", "note", "%s"),
 ]
 
@@ -656,7 +670,12 @@ def matrix(args, tmp):
         log("cannot mount /proc in a private mount namespace (unshare -m): Tachyon will be skipped")
     pythons = find_pythons(args.pythons.split(","), private_proc)
     profs = []
-    for name in args.profilers.split(","):
+    if args.native:
+        # --native: merged C + Python stacks; only pyprof and py-spy do this in one tool
+        profs.append(PyProf(native=True))
+        if os.path.exists(os.path.join(TOOLS, "py-spy")):
+            profs.append(PySpy(blocking=True, native=True))
+    for name in ([] if args.native else args.profilers.split(",")):
         if name == "pyprof":
             profs.append(PyProf())
         elif name == "py-spy":
@@ -777,7 +796,9 @@ def main():
     ap.add_argument("--pythons", default="3.12,3.15,3.9", help="comma list of 3.X (3.15 = the sid chroot)")
     ap.add_argument("--profilers", default="pyprof,py-spy,austin,tachyon")
     ap.add_argument("--depths", default="3,100")
-    ap.add_argument("--rates", default="1000,10000")
+    ap.add_argument("--rates", default=None, help="comma list (default 1000,10000; --native: 100,1000)")
+    ap.add_argument("--native", action="store_true",
+                    help="merged C+Python stacks: pyprof --native vs py-spy --native (default rates 100,1000)")
     ap.add_argument("--memory", action="store_true", help="run the memory scenario (only)")
     ap.add_argument("--memory-secs", type=int, default=60,
                     help="seconds (default 60; 360 at 10 kHz = the 3.6 M samples of 1 h at 1 kHz)")
@@ -792,6 +813,8 @@ def main():
     args = ap.parse_args()
     if args.duration is None:
         args.duration = 2 if args.quick else 5
+    if args.rates is None:
+        args.rates = "100,1000" if args.native else "1000,10000"
     if args.duration == int(args.duration):
         args.duration = int(args.duration)
 
@@ -825,7 +848,7 @@ def main():
             print("\nload average %.2f at start, %.2f at end (1 min); %d CPUs"
                   % (meta["loadavg_start"][0], meta["loadavg_end"][0], meta["cpus"]))
             doc = {"meta": meta, "results": rows}
-            path = args.output or os.path.join(BENCH, "results", "latest.json")
+            path = args.output or os.path.join(BENCH, "results", "native.json" if args.native else "latest.json")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             json.dump(clean_json(doc), f, indent=1, ensure_ascii=False)
