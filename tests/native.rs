@@ -360,6 +360,14 @@ fn a_target_traced_by_someone_else_gets_a_clear_error() {
     argv.extend(interp.argv("native_qsort.py", &[]));
     let strace = spawn_argv("strace", &argv);
     let (main, _) = ids(&strace);
+    // Killing strace would only detach its tracee: kill the target itself too.
+    struct KillOnDrop(i32);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("kill").args(["-9", &self.0.to_string()]).status();
+        }
+    }
+    let _target = KillOnDrop(main as i32);
     let out = pyprof(&["dump", "--native", "--pid", &main.to_string()]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -45,7 +45,8 @@ pub fn reaped_status(pid: i32) -> Option<i32> {
 pub struct Stopped {
     /// (tid, registers, signal to pass on when released).
     threads: Vec<(i32, Option<Regs>, i32)>,
-    started: Instant,
+    /// When the first thread reported its stop: before that the target ran on.
+    started: Option<Instant>,
 }
 
 impl Stopped {
@@ -54,9 +55,9 @@ impl Stopped {
         self.threads.iter().find(|t| t.0 == tid).and_then(|t| t.1)
     }
 
-    /// How long the threads have been held so far.
+    /// How long the target has been held so far (from its first thread's stop).
     pub fn held(&self) -> Duration {
-        self.started.elapsed()
+        self.started.map_or(Duration::ZERO, |t| t.elapsed())
     }
 }
 
@@ -106,11 +107,43 @@ fn tracer_of(pid: i32, tid: i32) -> Option<i32> {
     status.lines().find_map(|l| l.strip_prefix("TracerPid:")).and_then(|v| v.trim().parse().ok())
 }
 
+/// Block SIGCHLD in this thread, once: the kernel reports each tracee stop
+/// with a SIGCHLD, and a blocked one stays pending for `sigtimedwait`
+/// instead of being discarded, so no stop report can slip between a poll
+/// and the sleep that waits for it.
+fn block_sigchld() {
+    thread_local!(static BLOCKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+    if BLOCKED.with(|b| b.replace(true)) {
+        return;
+    }
+    // SAFETY: plain signal-mask calls on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Sleep until a SIGCHLD arrives or `until` passes. Sleeping, not polling:
+/// on a machine with few CPUs a polling tracer takes the very CPU the
+/// target needs to reach its stop.
+fn sleep_for_sigchld(until: Instant) {
+    let left = until.saturating_duration_since(Instant::now());
+    let ts = libc::timespec { tv_sec: left.as_secs() as libc::time_t, tv_nsec: left.subsec_nanos() as libc::c_long };
+    // SAFETY: valid set and timespec; the siginfo out pointer may be null.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::sigtimedwait(&set, std::ptr::null_mut(), &ts);
+    }
+}
+
 /// Wait for `tid`'s stop. Returns the signal to re-inject on release (a
 /// signal that arrived meanwhile), or None if the thread is gone.
 fn wait_stop(pid: i32, tid: i32) -> Option<Option<i32>> {
     let deadline = Instant::now() + STOP_TIMEOUT;
-    let mut spins = 0u32;
     loop {
         let mut status = 0;
         // SAFETY: status is a valid out pointer.
@@ -139,12 +172,7 @@ fn wait_stop(pid: i32, tid: i32) -> Option<Option<i32>> {
         if Instant::now() >= deadline {
             return Some(None);
         }
-        spins += 1;
-        if spins < 200 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::sleep(Duration::from_micros(20));
-        }
+        sleep_for_sigchld(deadline);
     }
 }
 
@@ -158,7 +186,8 @@ fn get_regs(tid: i32) -> Option<Regs> {
 /// Stop every listed thread of `pid` and read their registers. Threads that
 /// exit meanwhile are skipped; one we may not trace fails the whole call.
 pub fn stop_threads(pid: i32, tids: &[i32]) -> Result<Stopped> {
-    let mut stopped = Stopped { threads: Vec::with_capacity(tids.len()), started: Instant::now() };
+    block_sigchld();
+    let mut stopped = Stopped { threads: Vec::with_capacity(tids.len()), started: None };
     let mut seized = Vec::with_capacity(tids.len());
     for &tid in tids {
         if seize(pid, tid)? {
@@ -177,6 +206,7 @@ pub fn stop_threads(pid: i32, tids: &[i32]) -> Result<Stopped> {
     for t in stopped.threads.iter_mut() {
         match wait_stop(pid, t.0) {
             Some(Some(sig)) => {
+                stopped.started.get_or_insert_with(Instant::now);
                 t.2 = sig;
                 t.1 = get_regs(t.0);
             }
