@@ -227,14 +227,17 @@ impl Session {
     /// stacks in that one frozen moment, let them go, then name and merge.
     fn snapshot_native(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
         let pid = self.pid();
-        let all = self.attached.target.threads();
+        // The Python threads of the last snapshot (a thread gone since is
+        // simply not seized; a new one is found by this walk and stopped from
+        // the next sample on): no directory listing per sample. Every thread
+        // only when there is no last snapshot.
+        let mut stop: Vec<i32> = if self.py_tids.is_empty() { self.attached.target.threads() } else { self.py_tids.clone() };
         // Read before stopping: a stopped thread shows as 't', not 'R'.
         let running: Vec<i32> = if needs.on_cpu || needs.stop_running_only {
-            all.iter().copied().filter(|&t| crate::process::task_state(pid, t) == Some('R')).collect()
+            stop.iter().copied().filter(|&t| crate::process::task_state(pid, t) == Some('R')).collect()
         } else {
             Vec::new()
         };
-        let mut stop: Vec<i32> = if self.py_tids.is_empty() { all.clone() } else { self.py_tids.iter().copied().filter(|t| all.contains(t)).collect() };
         if needs.stop_running_only {
             stop.retain(|t| running.contains(t));
         }
