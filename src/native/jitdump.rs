@@ -487,21 +487,9 @@ mod tests {
         assert_eq!(dump.warnings.len(), MAX_WARNINGS + 1);
     }
 
-    struct XorShift(u64);
-    impl XorShift {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: usize) -> usize {
-            if n == 0 { 0 } else { (self.next() % n as u64) as usize }
-        }
-    }
-
     #[test]
     fn fuzz_parse_never_panics() {
+        use crate::native::mutate::{self, XorShift};
         let (seed, _) = sample_dump();
         let mut rng = XorShift(0x2545f4914f6cdd1d);
         let started = std::time::Instant::now();
@@ -509,20 +497,7 @@ mod tests {
             let mut buf = seed.clone();
             for _ in 0..1 + rng.below(4) {
                 match rng.below(5) {
-                    0 => {
-                        let i = rng.below(buf.len());
-                        if let Some(b) = buf.get_mut(i) {
-                            *b ^= 1 << rng.below(8);
-                        }
-                    }
-                    1 => {
-                        let from = rng.below(buf.len());
-                        let to = rng.below(buf.len());
-                        let len = rng.below(buf.len() - from.max(to));
-                        let chunk = buf[from..from + len].to_vec();
-                        buf.splice(to..to, chunk);
-                    }
-                    2 => buf.truncate(rng.below(buf.len() + 1)),
+                    op @ 0..=2 => mutate::apply(op, &mut buf, &mut rng),
                     3 => {
                         let i = rng.below(buf.len().saturating_sub(3));
                         let v = (rng.next() as u32).to_le_bytes();

@@ -10,6 +10,8 @@
 pub mod jitdump;
 pub mod merge;
 pub mod modules;
+#[cfg(test)]
+mod mutate;
 pub mod perf_map;
 pub mod ptrace;
 pub mod symbols;

@@ -268,21 +268,9 @@ mod tests {
         assert!(PerfMap::default().is_empty());
     }
 
-    struct XorShift(u64);
-    impl XorShift {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: usize) -> usize {
-            if n == 0 { 0 } else { (self.next() % n as u64) as usize }
-        }
-    }
-
     #[test]
     fn fuzz_parse_never_panics() {
+        use crate::native::mutate::{self, XorShift};
         let seed: &[u8] = b"7f2053f3b000 c py::_find_and_load:<frozen importlib._bootstrap>\n0x7f2053f3c840 0xc py::f:<string>\n\
                             1000 10 name with spaces\nffffffffffffff00 ff top\n";
         let mut rng = XorShift(0x9e3779b97f4a7c15);
@@ -291,20 +279,7 @@ mod tests {
             let mut buf = seed.to_vec();
             for _ in 0..1 + rng.below(4) {
                 match rng.below(4) {
-                    0 => {
-                        let i = rng.below(buf.len());
-                        if let Some(b) = buf.get_mut(i) {
-                            *b = rng.next() as u8;
-                        }
-                    }
-                    1 => {
-                        let from = rng.below(buf.len());
-                        let to = rng.below(buf.len());
-                        let len = rng.below(buf.len() - from.max(to));
-                        let chunk = buf[from..from + len].to_vec();
-                        buf.splice(to..to, chunk);
-                    }
-                    2 => buf.truncate(rng.below(buf.len() + 1)),
+                    op @ 0..=2 => mutate::apply(op, &mut buf, &mut rng),
                     _ => {
                         let i = rng.below(buf.len());
                         let hex = format!("{:x}", rng.next());
