@@ -94,6 +94,12 @@ pub struct Session {
 impl Session {
     pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Session> {
         let attached = attach(pid, opts)?;
+        if opts.native.is_some() {
+            // Fail now, with the reason, if the threads cannot be stopped
+            // (ptrace forbidden, or a debugger already holds them), rather
+            // than losing every sample later.
+            drop(ptrace::stop_threads(pid, &[pid])?);
+        }
         let native = opts.native.clone().map(|o| NativeState::new(&attached.target, o));
         Ok(Session {
             native,

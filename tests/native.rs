@@ -373,6 +373,13 @@ fn a_target_traced_by_someone_else_gets_a_clear_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
     assert!(stderr.contains("already traced by pid"), "{stderr}");
+    // record fails up front the same way instead of recording nothing.
+    let dir = temp_dir("traced");
+    let out = pyprof(&["record", "--native", "--pid", &main.to_string(), "-d", "1", "-o", dir.join("x.json").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("already traced by pid") && stderr.trim().lines().count() == 1, "{stderr}");
+    assert!(!dir.join("x.json").exists(), "no profile for a recording that never started");
     // Python-only sampling needs no ptrace and still works.
     let out = pyprof(&["dump", "--pid", &main.to_string()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
