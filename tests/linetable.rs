@@ -18,22 +18,22 @@ use serde::Deserialize;
 /// (code units checked × table length); beyond it units are sampled.
 const CHECK_BUDGET: usize = 4_000_000;
 
-const SID_ROOT: &str = "/root/.cache/pyprof/sid-tmp";
+mod common;
 
-/// (label, argv prefix). The script path is appended to the argv prefix. A
-/// prefix of the form `chroot ROOT python...` runs inside ROOT: the script is
-/// copied into ROOT/tmp first.
+/// (label, argv prefix) for every interpreter of the matrix (tests/common). The
+/// script path is appended to the argv prefix. A prefix of the form
+/// `chroot ROOT python3.X` runs inside ROOT: the script is copied into ROOT/tmp first.
 fn interpreters() -> Vec<(String, Vec<String>)> {
-    let mut v = Vec::new();
-    for ver in ["3.8.18", "3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0"] {
-        let minor = ver.rsplit_once('.').unwrap().0;
-        v.push((format!("pyenv-{ver}"), vec![format!("/root/.pyenv/versions/{ver}/bin/python{minor}")]));
-    }
-    v.push(("debian-3.11".into(), vec!["/usr/bin/python3.11".into()]));
-    for minor in ["3.13", "3.14", "3.15"] {
-        v.push((format!("sid-{minor}"), vec!["chroot".into(), SID_ROOT.into(), format!("python{minor}")]));
-    }
-    v
+    common::interpreters()
+        .into_iter()
+        .map(|i| {
+            let argv = match &i.chroot {
+                None => vec![i.exe.display().to_string()],
+                Some(root) => vec!["chroot".into(), root.display().to_string(), format!("python3.{}", i.minor)],
+            };
+            (i.label, argv)
+        })
+        .collect()
 }
 
 #[derive(Deserialize)]
