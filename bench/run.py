@@ -14,6 +14,7 @@ bench/results/latest.json (memory scenario: bench/results/memory.json).
 docs/performance.md explains every column and how it is measured.
 """
 import argparse
+import ctypes
 import datetime
 import glob
 import json
@@ -176,6 +177,70 @@ def rate_between(a, b):
 
 # --------------------------------------------------------------------------- profilers
 
+# --------------------------------------------------------------------------- floors
+
+class IOVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(IOVec), ctypes.c_ulong,
+                                   ctypes.POINTER(IOVec), ctypes.c_ulong, ctypes.c_ulong]
+
+
+def readv_floor_us(pid, n=20000):
+    """CPU µs of one 64-byte process_vm_readv from the target (the cost every
+    sampler pays per read), less the cost of an empty ctypes call."""
+    addr = None
+    with open("/proc/%d/maps" % pid) as f:
+        for line in f:
+            rng, perms = line.split()[:2]
+            if perms.startswith("r"):
+                addr = int(rng.split("-")[0], 16)
+                break
+    buf = ctypes.create_string_buffer(64)
+    local, remote = IOVec(ctypes.cast(buf, ctypes.c_void_p), 64), IOVec(addr, 64)
+    read, empty = _libc.process_vm_readv, _libc.getppid
+    t0 = time.thread_time()
+    for _ in range(n):
+        if read(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) != 64:
+            return float("nan")
+    t1 = time.thread_time()
+    for _ in range(n):
+        empty()
+    t2 = time.thread_time()
+    return max(0.0, ((t1 - t0) - (t2 - t1)) / n * 1e6)
+
+
+class Timespec(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+
+def wake_floor_us(hz=10000, n=10000):
+    """CPU µs of one timed sleep-and-wake at `hz` (absolute clock_nanosleep, as
+    a sampler between ticks does), less the loop's own cost: what a sleeping
+    sampler pays per sample before it reads anything."""
+    libc = _libc
+    libc.prctl(16, 1)  # PR_SET_TIMERSLACK 1 ns, as pyprof does
+    step = 10 ** 9 // hz
+
+    def loop(sleep):
+        t = Timespec()
+        libc.clock_gettime(1, ctypes.byref(t))
+        c0 = time.thread_time()
+        for _ in range(n):
+            t.nsec += step
+            if t.nsec >= 10 ** 9:
+                t.sec += 1
+                t.nsec -= 10 ** 9
+            if sleep:
+                libc.clock_nanosleep(1, 1, ctypes.byref(t), None)
+            else:
+                libc.clock_gettime(1, ctypes.byref(Timespec()))
+        return time.thread_time() - c0
+    return max(0.0, (loop(True) - loop(False)) / n * 1e6)
+
+
 class Profiler:
     """name; supports(py); command(...) -> argv; parse(...) -> dict(samples, seconds, notes)."""
 
@@ -193,16 +258,20 @@ class PyProf(Profiler):
         self.name = "pyprof --native" if native else "pyprof"
 
     def command(self, target, rate, secs, out):
+        # No -q: the summary line reports reads per tick (and, with --native,
+        # how long the target was held).
         cmd = [PyProf.exe, "record", "--pid", str(target.pid), "-r", str(rate), "-d", str(secs),
                "-o", out["host"] + ".json"]
-        # --native: keep the summary, it reports how long the target was held
-        return cmd + (["--native"] if self.native else ["-q"])
+        return cmd + (["--native"] if self.native else [])
 
     def parse(self, out, run):
         with open(out["host"] + ".json") as f:
             meta = json.load(f)["meta"]
         res = {"samples": meta["samples"], "seconds": meta["duration_secs"],
                "late": meta.get("late"), "errors": meta.get("errors") or {}}
+        reads = re.search(r"([\d.]+) reads/tick", run["log"])
+        if reads:
+            res["syscalls_per_sample"] = float(reads.group(1))
         m = re.search(r"native: \d+ stacks, ([\d.]+)% merged.*held (\d+) µs per sample on average \((\d+) µs at most\)", run["log"])
         if m:
             res.update({"merged_pct": float(m.group(1)), "pause_us": float(m.group(2)), "pause_max_us": float(m.group(3))})
@@ -535,6 +604,10 @@ COLUMNS = [
     ("cpu_s_per_1000_samples", "CPU s/1000 samples", "%.4f"),
     ("slowdown_pct", "target slowdown %", "%.1f"),
     ("steady_cpu_us_per_sample", "steady CPU µs/sample", "%.1f"),
+    ("syscalls_per_sample", "syscalls/sample", "%.2f"),
+    ("readv_floor_us", "readv floor µs", "%.1f"),
+    ("wake_floor_us", "wake floor µs", "%.1f"),
+    ("ratio_to_floor", "ratio to floor", "%.1f"),
     ("pause_us", "held µs/sample", "%.0f"),
     ("merged_pct", "merged %", "%.1f"),
     ("note", "note", "%s"),
@@ -710,6 +783,7 @@ def matrix(args, tmp):
                 continue
             try:
                 time.sleep(0.3)  # warm-up (3.12+ specialisation)
+                floor = {"readv_floor_us": readv_floor_us(target.pid), "wake_floor_us": wake_floor_us()}
                 base = target.windows(BASE_WINDOWS)
                 for rate in rates:
                     for prof in profs:
@@ -718,6 +792,9 @@ def matrix(args, tmp):
                         seq += 1
                         log("%-22s python %-4s depth %3d  %5d Hz  %gs" % (prof.name, py.label, depth, rate, secs))
                         row, base = measure(prof, py, depth, target, rate, secs, base, tmp, seq)
+                        row.update(floor)
+                        if row.get("cpu_us_per_sample") and not math.isnan(row["cpu_us_per_sample"]):
+                            row["ratio_to_floor"] = row["cpu_us_per_sample"] / (floor["readv_floor_us"] + floor["wake_floor_us"])
                         rows.append(row)
                         if args.verbose:
                             log("  -> %s" % json.dumps(clean_json({k: v for k, v in row.items() if k != "log_tail"})))
