@@ -530,16 +530,10 @@ mod tests {
     }
 
     fn scratch_dir(tag: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("pyprof-jitdump-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+        crate::native::mutate::scratch_dir(&format!("jitdump-{tag}"))
     }
 
-    fn my_uid() -> u32 {
-        // SAFETY: getuid has no preconditions and cannot fail.
-        unsafe { libc::getuid() }
-    }
+    use crate::native::mutate::my_uid;
 
     #[test]
     fn load_checks_file_and_contents() {

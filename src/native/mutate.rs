@@ -1,6 +1,22 @@
-//! Test-only: the seeded generator and byte mutations that the fuzz tests of
-//! the perf-map and jitdump parsers share (each adds mutations of its own
-//! format on top).
+//! Test-only helpers the perf-map and jitdump parser tests share: a seeded
+//! generator and byte mutations for their fuzz tests (each adds mutations of
+//! its own format on top), and scratch files owned by us.
+
+use std::path::PathBuf;
+
+/// A fresh directory for one test's files.
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pyprof-native-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Our uid: the owner the loaders must accept.
+pub fn my_uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
 
 pub struct XorShift(pub u64);
 

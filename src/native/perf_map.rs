@@ -296,16 +296,10 @@ mod tests {
     }
 
     fn scratch_dir(tag: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("pyprof-perfmap-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+        crate::native::mutate::scratch_dir(&format!("perfmap-{tag}"))
     }
 
-    fn my_uid() -> u32 {
-        // SAFETY: getuid has no preconditions and cannot fail.
-        unsafe { libc::getuid() }
-    }
+    use crate::native::mutate::my_uid;
 
     #[test]
     fn load_valid_file_ignores_partial_last_line() {
