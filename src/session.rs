@@ -86,6 +86,10 @@ pub struct Session {
     pub native: Option<NativeState>,
     /// Eval-loop groups of each thread of the last walk (`--native` only).
     groups: Vec<Vec<EvalGroup>>,
+    /// Per-thread unwind results and named frames of the current sample,
+    /// kept to be reused (`--native` only).
+    native_raw: Vec<(Vec<NativeRaw>, bool, bool)>,
+    native_frames: Vec<merge::NativeFrame>,
     /// Native ids of the Python threads of the last snapshot: the threads
     /// `--native` stops (others, e.g. BLAS workers, are left alone).
     py_tids: Vec<i32>,
@@ -104,6 +108,8 @@ impl Session {
         Ok(Session {
             native,
             groups: Vec::new(),
+            native_raw: Vec::new(),
+            native_frames: Vec::new(),
             py_tids: Vec::new(),
             attached,
             names: Default::default(),
@@ -257,32 +263,35 @@ impl Session {
             }
         };
         let native = self.native.as_mut().expect("native state");
-        let mut raw: Vec<Option<(Vec<NativeRaw>, bool)>> = Vec::with_capacity(threads.len());
-        for t in &threads {
+        // One (frames, unwound to the end, had registers) slot per thread, reused across samples.
+        if self.native_raw.len() < threads.len() {
+            self.native_raw.resize_with(threads.len(), Default::default);
+        }
+        for (t, slot) in threads.iter().zip(self.native_raw.iter_mut()) {
             let regs = t.native_id.and_then(|tid| stopped.regs(tid as i32));
-            raw.push(regs.map(|r| {
-                let mut v = Vec::new();
-                let complete = native.unwind_raw(&self.attached.mem, r, &mut v);
-                (v, complete)
-            }));
+            slot.2 = regs.is_some();
+            if let Some(r) = regs {
+                slot.1 = native.unwind_raw(&self.attached.mem, r, &mut slot.0);
+            }
         }
         let held = stopped.held();
         drop(stopped);
         self.note_pause(held);
         self.py_tids = threads.iter().filter_map(|t| t.native_id.map(|n| n as i32)).collect();
         let native = self.native.as_mut().expect("native state");
-        let mut frames = Vec::new();
+        let frames = &mut self.native_frames;
         let mut merged = Vec::new();
         for (i, t) in threads.iter_mut().enumerate() {
             t.on_cpu = needs.on_cpu && t.native_id.is_some_and(|n| running.contains(&(n as i32)));
             native.stats.stacks += 1;
-            let Some((r, complete)) = raw[i].take() else {
+            let (raw, complete, had_regs) = &self.native_raw[i];
+            if !had_regs {
                 native.stats.no_registers += 1;
                 continue;
-            };
-            native.symbolize(&r, &mut frames);
+            }
+            native.symbolize(raw, frames);
             let groups = self.groups.get(i).map(Vec::as_slice).unwrap_or(&[]);
-            match merge::merge(&frames, complete, &t.frames, groups, &mut merged) {
+            match merge::merge(frames, *complete, &t.frames, groups, &mut merged) {
                 merge::Outcome::Merged => native.stats.merged += 1,
                 merge::Outcome::Truncated => native.stats.truncated += 1,
                 merge::Outcome::Unmerged => native.stats.unmerged += 1,

@@ -231,27 +231,6 @@ fn perf_trampolines_are_resolved_and_leave_the_stack_unchanged() {
     });
 }
 
-/// Start an argv and wait for its first line, like `Interpreter::spawn`.
-fn spawn_argv(label: &str, argv: &[String]) -> TargetProcess {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{label}: {e}"));
-    let mut r = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut first_line = String::new();
-    r.read_line(&mut first_line).unwrap();
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        while r.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
-            sink.clear();
-        }
-    });
-    TargetProcess { child, first_line }
-}
-
 #[test]
 fn hostile_perf_maps_and_jitdumps_are_refused_with_a_warning() {
     let Some(interp) = pyenv(12) else { return };

@@ -18,11 +18,29 @@ pub struct Section {
     pub nobits: bool,
 }
 
+/// One PT_LOAD segment: where its file bytes go in memory (svma).
 #[derive(Debug, Clone, Copy)]
-struct Load {
-    vaddr: u64,
-    offset: u64,
-    filesz: u64,
+pub struct Load {
+    pub vaddr: u64,
+    pub offset: u64,
+    pub filesz: u64,
+}
+
+/// avma − svma for a file with these PT_LOAD segments, from its mappings in a
+/// process. A mapping at file offset `o` in a segment at (p_offset, p_vaddr)
+/// holds svma `p_vaddr + (o − p_offset)`.
+pub fn load_bias(loads: &[Load], mappings: &[&Mapping]) -> Option<u64> {
+    for m in mappings {
+        for l in loads {
+            // Mappings start page-aligned, possibly before p_offset.
+            let page_off = l.offset & !0xfff;
+            if m.offset >= page_off && m.offset < l.offset + l.filesz.max(1) {
+                let svma = (l.vaddr + m.offset).wrapping_sub(l.offset);
+                return Some(m.start.wrapping_sub(svma));
+            }
+        }
+    }
+    None
 }
 
 #[derive(Debug)]
@@ -85,20 +103,8 @@ impl ElfFile {
     }
 
     /// avma − svma for this file in a process, from its mappings.
-    /// A mapping at file offset `o` in a PT_LOAD segment at (p_offset, p_vaddr)
-    /// holds svma `p_vaddr + (o − p_offset)`.
     pub fn load_bias(&self, mappings: &[&Mapping]) -> Option<u64> {
-        for m in mappings {
-            for l in &self.loads {
-                // Mappings start page-aligned, possibly before p_offset.
-                let page_off = l.offset & !0xfff;
-                if m.offset >= page_off && m.offset < l.offset + l.filesz.max(1) {
-                    let svma = (l.vaddr + m.offset).wrapping_sub(l.offset);
-                    return Some(m.start.wrapping_sub(svma));
-                }
-            }
-        }
-        None
+        load_bias(&self.loads, mappings)
     }
 
     /// Writable data the runtime can live in: .data, .PyRuntime, .bss (svma ranges).

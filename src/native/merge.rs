@@ -66,6 +66,11 @@ fn to_frame(n: &NativeFrame) -> Frame {
     Frame { function: n.function.clone(), file: n.module.clone(), line: 0, native: true }
 }
 
+/// Index in the Python frames where group `g` starts (groups store only ends).
+fn group_start(groups: &[EvalGroup], g: usize) -> usize {
+    if g == 0 { 0 } else { groups[g - 1].end }
+}
+
 /// For each group (innermost first), the index of the native frame running it.
 fn hosts(native: &[NativeFrame], groups: &[EvalGroup]) -> Vec<Option<usize>> {
     if !groups.is_empty() && groups.iter().all(|g| g.anchor != 0) {
@@ -95,9 +100,7 @@ pub fn merge(native: &[NativeFrame], complete: bool, py: &[Frame], groups: &[Eva
         // A trampoline right below a host names the group's first code object.
         for (g, &h) in placed_hosts.iter().enumerate() {
             if let Some(t) = native.get(h + 1).filter(|n| n.kind == NativeKind::Trampoline) {
-                let start = if g == 0 { 0 } else { groups[g - 1].end };
                 let outer = &py[groups[g].end - 1];
-                debug_assert!(start < groups[g].end);
                 let want = format!("py::{}:{}", outer.function, outer.file);
                 if *t.function != *want {
                     ok = false;
@@ -113,8 +116,7 @@ pub fn merge(native: &[NativeFrame], complete: bool, py: &[Frame], groups: &[Eva
     let mut g = 0;
     for (i, n) in native.iter().enumerate() {
         if g < placed && placed_hosts[g] == i {
-            let start = if g == 0 { 0 } else { groups[g - 1].end };
-            out.extend_from_slice(&py[start..groups[g].end]);
+            out.extend_from_slice(&py[group_start(groups, g)..groups[g].end]);
             g += 1;
         } else if matches!(n.kind, NativeKind::Trampoline | NativeKind::PerfSupport)
             || (n.kind == NativeKind::Anonymous && i > 0 && placed_hosts.contains(&(i - 1)))
@@ -126,8 +128,7 @@ pub fn merge(native: &[NativeFrame], complete: bool, py: &[Frame], groups: &[Eva
     }
     if placed < groups.len() || !complete {
         out.push(marker(TRUNCATED));
-        let start = if placed == 0 { 0 } else { groups[placed - 1].end };
-        out.extend_from_slice(&py[start..]);
+        out.extend_from_slice(&py[group_start(groups, placed)..]);
         return Outcome::Truncated;
     }
     Outcome::Merged

@@ -111,16 +111,21 @@ pub struct NativeState {
     names: HashMap<u64, Named>,
     /// Return address → "is inside a 3.12 perf trampoline" (code never changes there).
     trampoline_code: HashMap<u64, bool>,
+    /// Stack block buffers, reused from sample to sample.
+    stack_pool: Vec<(u64, Vec<u8>)>,
     uid: Option<u32>,
     ns_pid: i32,
     pub warnings: Vec<String>,
     pub stats: NativeStats,
 }
 
-/// Lazily read stack memory of one stopped thread, block by block.
+/// Lazily read stack memory of one stopped thread, block by block. The
+/// blocks' buffers live in a pool kept across samples: no allocation per read.
 struct StackReader<'a> {
     mem: &'a VmReader,
-    blocks: Vec<(u64, Vec<u8>)>,
+    pool: &'a mut Vec<(u64, Vec<u8>)>,
+    /// Blocks of `pool` filled for this thread.
+    used: usize,
 }
 
 impl StackReader<'_> {
@@ -129,38 +134,38 @@ impl StackReader<'_> {
             return Err(());
         }
         let base = addr & !(STACK_BLOCK - 1);
-        let i = match self.blocks.iter().position(|(b, _)| *b == base) {
+        let i = match self.pool[..self.used].iter().position(|(b, _)| *b == base) {
             Some(i) => i,
             None => {
-                if self.blocks.len() >= 256 {
+                if self.used >= 256 {
                     return Err(());
                 }
-                let mut buf = vec![0u8; STACK_BLOCK as usize];
+                if self.used == self.pool.len() {
+                    self.pool.push((0, Vec::new()));
+                }
+                let (block_base, buf) = &mut self.pool[self.used];
+                buf.resize(STACK_BLOCK as usize, 0);
                 // A block past the top of the stack mapping is partly unmapped:
                 // keep what arrived.
-                let got = self.mem.read_partial(&mut [(base, &mut buf[..])]);
-                let got = if got == 0 {
+                let mut got = self.mem.read_partial(&mut [(base, &mut buf[..])]);
+                if got == 0 {
                     // The first page may be the unmapped one below sp's page: retry from addr's page.
-                    let page = addr & !0xfff;
-                    let off = (page - base) as usize;
-                    let n = self.mem.read_partial(&mut [(page, &mut buf[off..])]);
+                    let off = ((addr & !0xfff) - base) as usize;
+                    let n = self.mem.read_partial(&mut [(base + off as u64, &mut buf[off..])]);
                     if n == 0 {
                         return Err(());
                     }
-                    buf.truncate(off + n);
                     buf[..off].fill(0);
-                    off + n
-                } else {
-                    got
-                };
+                    got = off + n;
+                }
                 buf.truncate(got);
-                self.blocks.push((base, buf));
-                self.blocks.len() - 1
+                *block_base = base;
+                self.used += 1;
+                self.used - 1
             }
         };
-        let (_, b) = &self.blocks[i];
         let off = (addr - base) as usize;
-        b.get(off..off + 8).map(|s| u64::from_le_bytes(s.try_into().unwrap())).ok_or(())
+        self.pool[i].1.get(off..off + 8).map(|s| u64::from_le_bytes(s.try_into().unwrap())).ok_or(())
     }
 }
 
@@ -180,6 +185,7 @@ impl NativeState {
             last_refresh: None,
             names: HashMap::new(),
             trampoline_code: HashMap::new(),
+            stack_pool: Vec::new(),
             uid: modules::target_uid(target.pid),
             ns_pid: modules::namespace_pid(target.pid),
             warnings: Vec::new(),
@@ -197,17 +203,7 @@ impl NativeState {
         self.last_refresh = Some(Instant::now());
         if let Ok(maps) = read_maps(self.target.pid) {
             let known: Vec<&str> = self.modules.iter().map(|m| m.path.as_str()).collect();
-            let fresh: Vec<&str> = {
-                let mut v: Vec<&str> = Vec::new();
-                for m in &maps {
-                    if let (true, Some(p)) = (m.executable, m.path.as_deref()) {
-                        if !v.contains(&p) {
-                            v.push(p);
-                        }
-                    }
-                }
-                v
-            };
+            let fresh = modules::exec_paths(&maps);
             if fresh.iter().any(|p| !known.contains(p)) || known.iter().any(|p| !fresh.contains(p)) {
                 for m in &self.modules {
                     self.unwinder.remove_module(m.avma.start);
@@ -360,8 +356,15 @@ impl NativeState {
     /// Unwind one stopped thread (memory is read while it is held). Returns
     /// whether the unwind reached the stack's end; `out` is innermost first.
     pub fn unwind_raw(&mut self, mem: &VmReader, regs: ptrace::Regs, out: &mut Vec<NativeRaw>) -> bool {
+        let mut pool = std::mem::take(&mut self.stack_pool);
+        let complete = self.unwind_with(mem, regs, out, &mut pool);
+        self.stack_pool = pool;
+        complete
+    }
+
+    fn unwind_with(&mut self, mem: &VmReader, regs: ptrace::Regs, out: &mut Vec<NativeRaw>, pool: &mut Vec<(u64, Vec<u8>)>) -> bool {
         out.clear();
-        let mut reader = StackReader { mem, blocks: Vec::new() };
+        let mut reader = StackReader { mem, pool, used: 0 };
         let mut read = |a: u64| reader.read_u64(a);
         let mut uregs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
         let mut addr = FrameAddress::from_instruction_pointer(regs.ip);
@@ -420,14 +423,15 @@ impl NativeState {
     fn in_stack_aligning_trampoline(&mut self, mem: &VmReader, ra: u64) -> bool {
         const CALL: [u8; 6] = [0x48, 0x83, 0xec, 0x08, 0xff, 0xd1];
         const RET: [u8; 5] = [0x48, 0x83, 0xc4, 0x08, 0xc3];
-        if self.modules.iter().any(|m| m.avma.contains(&ra)) {
-            return false;
-        }
+        // Asked for every return address of every sample: the cache first.
         if let Some(&known) = self.trampoline_code.get(&ra) {
             return known;
         }
         let mut code = [0u8; 11];
-        let is = mem.read_partial(&mut [(ra.wrapping_sub(6), &mut code[..])]) == 11 && code[..6] == CALL && code[6..] == RET;
+        let is = !self.modules.iter().any(|m| m.avma.contains(&ra))
+            && mem.read_partial(&mut [(ra.wrapping_sub(6), &mut code[..])]) == 11
+            && code[..6] == CALL
+            && code[6..] == RET;
         if self.trampoline_code.len() > MAX_CACHED_SYMBOLS {
             self.trampoline_code.clear();
         }

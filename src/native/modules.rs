@@ -12,6 +12,7 @@ use std::sync::Arc;
 use goblin::elf::Elf;
 use goblin::elf::program_header::PT_LOAD;
 
+use crate::binary::elf::{Load, load_bias};
 use crate::process::Target;
 use crate::process::maps::Mapping;
 
@@ -89,19 +90,9 @@ pub fn load_module(target: &Target, path: &str, maps: &[&Mapping]) -> Option<Cod
     if !elf.is_64 || !elf.little_endian {
         return None;
     }
-    let loads: Vec<_> = elf.program_headers.iter().filter(|p| p.p_type == PT_LOAD).collect();
-    let mut bias = None;
-    'outer: for m in maps {
-        for l in &loads {
-            let page_off = l.p_offset & !0xfff;
-            if m.offset >= page_off && m.offset < l.p_offset + l.p_filesz.max(1) {
-                let svma = (l.p_vaddr + m.offset).wrapping_sub(l.p_offset);
-                bias = Some(m.start.wrapping_sub(svma));
-                break 'outer;
-            }
-        }
-    }
-    let bias = bias?;
+    let loads: Vec<Load> =
+        elf.program_headers.iter().filter(|p| p.p_type == PT_LOAD).map(|p| Load { vaddr: p.p_vaddr, offset: p.p_offset, filesz: p.p_filesz }).collect();
+    let bias = load_bias(&loads, maps)?;
     let text: Vec<Range<u64>> = maps.iter().filter(|m| m.executable).map(|m| m.start..m.end).collect();
     let avma = maps.iter().map(|m| m.start).min()?..maps.iter().map(|m| m.end).max()?;
     let file_offsets = maps.iter().map(|m| (m.start..m.end, m.offset)).collect();
@@ -134,8 +125,8 @@ pub fn load_module(target: &Target, path: &str, maps: &[&Mapping]) -> Option<Cod
     })
 }
 
-/// Every file-backed module with executable code in `maps`.
-pub fn load_modules(target: &Target, maps: &[Mapping]) -> Vec<CodeModule> {
+/// Paths of the files mapped executable, each once, in map order.
+pub fn exec_paths(maps: &[Mapping]) -> Vec<&str> {
     let mut paths: Vec<&str> = Vec::new();
     for m in maps {
         if let (true, Some(p)) = (m.executable, m.path.as_deref()) {
@@ -145,6 +136,11 @@ pub fn load_modules(target: &Target, maps: &[Mapping]) -> Vec<CodeModule> {
         }
     }
     paths
+}
+
+/// Every file-backed module with executable code in `maps`.
+pub fn load_modules(target: &Target, maps: &[Mapping]) -> Vec<CodeModule> {
+    exec_paths(maps)
         .into_iter()
         .filter_map(|p| {
             let own: Vec<&Mapping> = maps.iter().filter(|m| m.path.as_deref() == Some(p)).collect();

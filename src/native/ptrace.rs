@@ -188,16 +188,14 @@ fn get_regs(tid: i32) -> Option<Regs> {
 pub fn stop_threads(pid: i32, tids: &[i32]) -> Result<Stopped> {
     block_sigchld();
     let mut stopped = Stopped { threads: Vec::with_capacity(tids.len()), started: None };
-    let mut seized = Vec::with_capacity(tids.len());
     for &tid in tids {
         if seize(pid, tid)? {
-            seized.push(tid);
             // Registered at once so that an error below still releases it.
             stopped.threads.push((tid, None, 0));
         }
     }
     // Interrupt all first, then wait: the threads stop in parallel.
-    for &tid in &seized {
+    for &(tid, _, _) in &stopped.threads {
         // SAFETY: no pointers.
         unsafe {
             libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize);

@@ -133,29 +133,35 @@ impl Interpreter {
     /// Start a target and wait for its first stdout line (the script prints
     /// one when it has reached the state the test wants to look at).
     pub fn spawn(&self, script: &str, args: &[&str]) -> TargetProcess {
-        let mut child = self
-            .command(script, args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{}: cannot start {script}: {e}", self.label));
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = r.read_line(&mut line);
-            let _ = tx.send(line);
-            // Keep draining so the target never blocks on a full pipe.
-            let mut sink = String::new();
-            while r.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
-                sink.clear();
-            }
-        });
-        let first_line = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("{}: {script} did not report ready", self.label));
-        TargetProcess { child, first_line }
+        spawn_argv(&self.label, &self.argv(script, args))
     }
+}
+
+/// Start any argv (a target under strace, a Python with -X options) and wait
+/// for its first stdout line, like [`Interpreter::spawn`].
+pub fn spawn_argv(label: &str, argv: &[String]) -> TargetProcess {
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{label}: cannot start {argv:?}: {e}"));
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stdout);
+        let mut line = String::new();
+        let _ = r.read_line(&mut line);
+        let _ = tx.send(line);
+        // Keep draining so the target never blocks on a full pipe.
+        let mut sink = String::new();
+        while r.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
+            sink.clear();
+        }
+    });
+    let first_line = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("{label}: {argv:?} did not report ready"));
+    TargetProcess { child, first_line }
 }
 
 /// A running target; killed and reaped on drop so tests never leak processes.
