@@ -53,6 +53,8 @@ fn ser_frames<S: serde::Serializer>(frames: &[Frame], s: S) -> Result<S::Ok, S::
 }
 
 const MIN_STACK_CHUNK: u64 = 16 * 1024;
+/// How long a failed search for the pthread tid offset waits before the next.
+const PTHREAD_TID_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Which per-thread facts a snapshot should fetch; each costs reads.
 #[derive(Debug, Clone, Copy)]
@@ -79,8 +81,11 @@ pub struct Session {
     codes: CodeCache,
     walker: FrameWalker,
     states: Vec<ThreadState>,
-    /// ≤ 3.10: where glibc keeps the tid in `struct pthread` (found once).
-    pthread_tid_offset: Option<Option<u64>>,
+    /// ≤ 3.10: where glibc keeps the tid in `struct pthread`, once found,
+    /// and when it was last looked for (a search that failed, e.g. while the
+    /// thread list changed under it, is retried a little later).
+    pthread_tid_offset: Option<u64>,
+    pthread_tid_searched: Option<std::time::Instant>,
     prefetch: Prefetcher,
     /// `--native` state; None for Python-only sampling.
     pub native: Option<NativeState>,
@@ -118,6 +123,7 @@ impl Session {
             walker: FrameWalker::default(),
             states: Vec::new(),
             pthread_tid_offset: None,
+            pthread_tid_searched: None,
             prefetch: Prefetcher::default(),
         })
     }
@@ -179,9 +185,11 @@ impl Session {
             }
         }
         let pid = a.target.pid;
-        if o.thread.native_thread_id.is_none() && self.pthread_tid_offset.is_none() {
+        let search_due = self.pthread_tid_searched.is_none_or(|t| t.elapsed() >= PTHREAD_TID_RETRY);
+        if o.thread.native_thread_id.is_none() && self.pthread_tid_offset.is_none() && search_due {
             let pthreads: Vec<u64> = self.states.iter().map(|t| t.thread_id).collect();
-            self.pthread_tid_offset = Some(find_pthread_tid_offset(mem, pid, &a.target.threads(), &pthreads));
+            self.pthread_tid_offset = find_pthread_tid_offset(mem, pid, &a.target.threads(), &pthreads);
+            self.pthread_tid_searched = Some(std::time::Instant::now());
         }
         if needs.names {
             // The raw reader, not the per-sample prefetch view: names are read
@@ -201,7 +209,7 @@ impl Session {
                 }
             };
             let native_id = ts.native_id.or_else(|| {
-                let off = self.pthread_tid_offset.flatten()?;
+                let off = self.pthread_tid_offset?;
                 mem.read_u32(ts.thread_id + off).ok().map(|t| t as u64)
             });
             let mut frames = Vec::new();
