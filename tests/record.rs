@@ -244,11 +244,13 @@ fn bad_arguments_fail_fast_with_one_line() {
 /// Reading without stopping the target cannot be atomic; pyprof re-reads
 /// every link a stack relies on and drops the stack if any moved. On this
 /// adversarial target (the same frames re-entered every few hundred ns) a
-/// tear can still repeat identically across both reads, measured at about one
-/// stack in 150,000; without the re-read it was hundreds per run. The bound
-/// below (one in 20,000 over the whole matrix) fails on any real regression.
+/// tear can still repeat identically across both reads: measured at one
+/// stack in 20,000 to 60,000 (a CI run of this test once saw 1 in 19,460).
+/// Without the re-read it is about one in 17 (300 of 5,000 samples on 3.13).
+/// The bound, one in 2,000 over the whole matrix, sits far from both: it
+/// does not fail by chance, and fails on any real regression of the re-read.
 #[test]
-fn torn_stacks_are_never_recorded() {
+fn torn_stacks_are_rare() {
     let _serial = heavy();
     let script = std::fs::read_to_string(scripts_dir().join("churn.py")).unwrap();
     let call_line = script.lines().position(|l| l.contains("return level(n + 1) + 1")).unwrap() as u32 + 1;
@@ -284,5 +286,5 @@ fn torn_stacks_are_never_recorded() {
     });
     let (samples, bad, examples) = totals.into_inner().unwrap();
     eprintln!("torn stacks recorded: {bad} of {samples} samples");
-    assert!(bad * 20_000 <= samples, "{bad} impossible stacks in {samples} samples, e.g. {examples:?}");
+    assert!(bad * 2_000 <= samples, "{bad} impossible stacks in {samples} samples, e.g. {examples:?}");
 }
