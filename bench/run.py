@@ -44,6 +44,19 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 WINDOW = 0.5        # seconds per target-throughput window
 SETTLE = 0.75       # ignore the first SETTLE s after launching a profiler (attach, startup)
+# With two CPUs or more the target runs on TARGET_CPU and every profiler (and
+# run.py, whose floors must be timed where the profilers run) on PROFILER_CPU,
+# so the slowdown column measures what the profiler does to the target, not
+# two processes sharing one CPU. --no-pin turns this off.
+TARGET_CPU, PROFILER_CPU = 0, 1
+PIN = [os.cpu_count() and os.cpu_count() >= 2]
+
+
+def pinned(cpu):
+    """A preexec_fn that pins the child to one CPU (None when pinning is off)."""
+    if not PIN[0]:
+        return None
+    return lambda: os.sched_setaffinity(0, {cpu})
 BASE_WINDOWS = 3    # unprofiled windows between two profiler runs
 
 
@@ -116,7 +129,7 @@ class Target:
         self.lines = queue.Queue()
         self.stderr = open(os.path.join(workdir["host"], "target-%s-%s-%s.err" % (py.label, kind, arg)), "w")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=self.stderr, cwd=workdir["host"])
+                                     stderr=self.stderr, cwd=workdir["host"], preexec_fn=pinned(TARGET_CPU))
         self.pid = self.proc.pid
         threading.Thread(target=self._read, daemon=True).start()
         try:
@@ -479,7 +492,8 @@ def run_one(prof, target, rate, secs, out):
     cmd = prof.command(target, rate, secs, out)
     logf = LineLog(out["host"] + ".log")
     t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         preexec_fn=pinned(PROFILER_CPU))
     logf.pump(p.stdout)
     status = rusage = None
     t_exit = None
@@ -693,6 +707,7 @@ def machine_meta(args):
         "cpus": os.cpu_count(),
         "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), None),
         "loadavg_start": list(os.getloadavg()),
+        "pinned": {"target_cpu": TARGET_CPU, "profiler_cpu": PROFILER_CPU} if PIN[0] else None,
         "quick": args.quick,
         "tools": tool_versions(),
     }
@@ -886,8 +901,14 @@ def main():
                     help="first wait (30 s polls, up to 15 min) until the 1-minute load is below LOAD")
     ap.add_argument("-o", "--output", help="JSON path (default bench/results/latest.json, --memory: memory.json)")
     ap.add_argument("--keep", action="store_true", help="keep the profiles in the temporary directory")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="do not pin the target to CPU %d and the profilers to CPU %d" % (TARGET_CPU, PROFILER_CPU))
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
+    if args.no_pin:
+        PIN[0] = False
+    if PIN[0]:
+        os.sched_setaffinity(0, {PROFILER_CPU})
     if args.duration is None:
         args.duration = 2 if args.quick else 5
     if args.rates is None:
