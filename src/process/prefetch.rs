@@ -23,6 +23,11 @@ const PAGE: u64 = 4096;
 /// A plan is capped so a pathological sample cannot make every later one huge.
 const MAX_PLAN_BYTES: u64 = 4 << 20;
 const MAX_PLAN_RANGES: usize = 512;
+/// A range stays in the plan this many samples after the last one that read
+/// it: a program alternating between a few stacks (a loop calling a short
+/// function, sampled sometimes inside it and sometimes not) then finds each
+/// one's frames and code already read, instead of paying a syscall per miss.
+const PLAN_KEEP_SAMPLES: u8 = 4;
 
 #[derive(Default)]
 struct State {
@@ -31,6 +36,9 @@ struct State {
     data: Vec<u8>,
     /// Ranges this sample asked for, for the next plan.
     seen: Vec<(u64, u64)>,
+    /// Index in the plan of the range at which this sample's read faulted
+    /// (the target unmapped it): it is left out of the next plan.
+    fault: Option<usize>,
     hits: u64,
     misses: u64,
 }
@@ -38,7 +46,10 @@ struct State {
 #[derive(Default)]
 pub struct Prefetcher {
     state: RefCell<State>,
-    plan: Vec<(u64, u64)>,
+    /// (start, end, samples since a sample last read inside it), sorted, disjoint.
+    plan: Vec<(u64, u64, u8)>,
+    /// Scratch for building the next plan.
+    next: Vec<(u64, u64, u8)>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -54,7 +65,8 @@ impl Prefetcher {
         let mut st = self.state.borrow_mut();
         st.seen.clear();
         st.ranges.clear();
-        let total: u64 = self.plan.iter().map(|(s, e)| e - s).sum();
+        st.fault = None;
+        let total: u64 = self.plan.iter().map(|(s, e, _)| e - s).sum();
         st.data.resize(total as usize, 0);
         if self.plan.is_empty() {
             return;
@@ -63,7 +75,7 @@ impl Prefetcher {
         let mut off = 0usize;
         let mut reqs: Vec<(u64, &mut [u8])> = Vec::with_capacity(self.plan.len());
         let mut rest: &mut [u8] = &mut st.data;
-        for &(s, e) in &self.plan {
+        for &(s, e, _) in &self.plan {
             let (head, tail) = std::mem::take(&mut rest).split_at_mut((e - s) as usize);
             reqs.push((s, head));
             rest = tail;
@@ -72,9 +84,10 @@ impl Prefetcher {
         // process_vm_readv fills iovecs in order and stops at the first fault:
         // keep the ranges that arrived whole.
         let mut left = got;
-        for &(s, e) in &self.plan {
+        for (i, &(s, e, _)) in self.plan.iter().enumerate() {
             let len = (e - s) as usize;
             if left < len {
+                st.fault = Some(i);
                 break;
             }
             st.ranges.push((s, e, off));
@@ -106,29 +119,55 @@ impl Prefetcher {
         st.ranges.insert(i, (addr, end, off));
     }
 
-    /// Turn what this sample read into the next sample's plan.
+    /// Turn what this sample read, and what the last few read, into the
+    /// next sample's plan.
     pub fn end(&mut self) {
         let mut st = self.state.borrow_mut();
         let mut seen = std::mem::take(&mut st.seen);
         seen.sort_unstable();
-        let mut plan: Vec<(u64, u64)> = Vec::with_capacity(seen.len());
-        for (s, e) in seen {
+        // This sample's ranges, each grown within its own pages (age 0), and
+        // the current plan's ranges one sample older, merged in one pass: both
+        // lists are sorted by start.
+        let fresh = seen.iter().map(|&(s, e)| {
             let lo = s & !(PAGE - 1);
             let hi = (e.saturating_sub(1) | (PAGE - 1)).saturating_add(1);
-            let (s, e) = (s.saturating_sub(MERGE_GAP / 2).max(lo), e.saturating_add(MERGE_GAP / 2).min(hi));
-            match plan.last_mut() {
-                Some(last) if s <= last.1 + MERGE_GAP => last.1 = last.1.max(e),
-                _ => plan.push((s, e)),
+            (s.saturating_sub(MERGE_GAP / 2).max(lo), e.saturating_add(MERGE_GAP / 2).min(hi), 0u8)
+        });
+        let fault = st.fault;
+        let old = self
+            .plan
+            .iter()
+            .enumerate()
+            .filter(|&(i, r)| Some(i) != fault && r.2 + 1 < PLAN_KEEP_SAMPLES)
+            .map(|(_, &(s, e, age))| (s, e, age + 1));
+        let next = &mut self.next;
+        next.clear();
+        let mut push = |r: (u64, u64, u8)| match next.last_mut() {
+            Some(last) if r.0 <= last.1 + MERGE_GAP => {
+                last.1 = last.1.max(r.1);
+                last.2 = last.2.min(r.2);
             }
+            _ => next.push(r),
+        };
+        let (mut a, mut b) = (fresh.peekable(), old.peekable());
+        loop {
+            let take_a = match (a.peek(), b.peek()) {
+                (Some(x), Some(y)) => x.0 <= y.0,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            push(if take_a { a.next() } else { b.next() }.unwrap());
         }
         let mut bytes = 0;
-        plan.retain(|&(s, e)| {
+        next.retain(|&(s, e, _)| {
             bytes += e - s;
             bytes <= MAX_PLAN_BYTES
         });
-        plan.truncate(MAX_PLAN_RANGES);
-        self.plan = plan;
-        st.seen = Vec::new();
+        next.truncate(MAX_PLAN_RANGES);
+        std::mem::swap(&mut self.plan, &mut self.next);
+        seen.clear();
+        st.seen = seen;
     }
 
     pub fn view<'a>(&'a self, mem: &'a VmReader) -> SampleView<'a> {
@@ -167,5 +206,53 @@ impl RemoteMemory for SampleView<'_> {
             st.misses += 1;
         }
         self.mem.read(addr, buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One sample: begin, read each address (8 bytes) through the view, end.
+    /// Returns the values read and whether each read was a hit.
+    fn sample(pf: &mut Prefetcher, mem: &VmReader, addrs: &[u64]) -> Vec<(u64, bool)> {
+        pf.begin(mem);
+        let out = addrs
+            .iter()
+            .map(|&a| {
+                let before = pf.stats().hits;
+                let v = pf.view(mem).read_u64(a).unwrap();
+                (v, pf.stats().hits > before)
+            })
+            .collect();
+        pf.end();
+        out
+    }
+
+    /// Against this process's own memory: a range read by one sample is
+    /// served to the next few from the single plan read, then dropped; and
+    /// what is served is always what memory holds now, never an old copy.
+    #[test]
+    fn plan_keeps_recent_ranges_and_serves_fresh_bytes() {
+        // Two words a page apart, each in its own allocation, so they land in
+        // separate plan ranges.
+        let a = Box::new([0u64; 1024]);
+        let b = Box::new([0u64; 1024]);
+        let (pa, pb) = (&a[0] as *const u64 as u64, &b[512] as *const u64 as u64);
+        let mem = VmReader::new(std::process::id() as i32);
+        let mut pf = Prefetcher::default();
+        assert_eq!(sample(&mut pf, &mem, &[pa, pb]), vec![(0, false), (0, false)], "nothing planned yet");
+        assert_eq!(sample(&mut pf, &mem, &[pa, pb]), vec![(0, true), (0, true)]);
+        // Samples that skip b still keep it planned for a while...
+        for _ in 1..PLAN_KEEP_SAMPLES {
+            assert_eq!(sample(&mut pf, &mem, &[pa]), vec![(0, true)]);
+        }
+        let mut b = b;
+        b[512] = 7;
+        assert_eq!(sample(&mut pf, &mem, &[pb]), vec![(7, true)], "kept, and read afresh");
+        for _ in 0..PLAN_KEEP_SAMPLES {
+            sample(&mut pf, &mem, &[pa]);
+        }
+        assert_eq!(sample(&mut pf, &mem, &[pb]), vec![(7, false)], "aged out");
     }
 }
