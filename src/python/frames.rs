@@ -36,6 +36,9 @@ pub struct EvalGroup {
     pub anchor: u64,
 }
 
+/// How many verified snapshots are remembered (see `FrameWalker::verified`).
+const VERIFIED_KEPT: usize = 8;
+
 /// Reusable state for walking chains without reallocating per sample.
 #[derive(Default)]
 pub struct FrameWalker {
@@ -45,8 +48,10 @@ pub struct FrameWalker {
     links: Vec<(u64, u64)>,
     /// Indices in `links` of the current-frame pointers (re-read twice).
     heads: Vec<usize>,
-    /// Links of the last snapshot that passed verification.
-    verified: Vec<(u64, u64)>,
+    /// Links of the last few distinct snapshots that passed verification,
+    /// most recent first. A program alternating between a handful of stacks
+    /// (a loop calling a short function) matches one of them on most samples.
+    verified: Vec<Vec<(u64, u64)>>,
     check: Vec<u8>,
     /// Eval-loop groups of the last [`walk`](Self::walk), innermost first.
     pub groups: Vec<EvalGroup>,
@@ -100,10 +105,11 @@ impl FrameWalker {
     /// reused under it, which can splice two stacks into one that never
     /// existed) fails here and is retried or counted, never recorded.
     pub fn verify(&mut self, mem: &crate::process::memory::VmReader) -> Result<()> {
-        // Every word equal to those of the last verified snapshot: this is a
-        // stack already proven to exist (only the innermost line may differ,
+        // Every word equal to those of a recently verified snapshot: this is
+        // a stack already proven to exist (only the innermost line may differ,
         // and that one is never checked). Steady programs stay at one read.
-        if self.links == self.verified {
+        if let Some(i) = self.verified.iter().position(|v| *v == self.links) {
+            self.verified[..=i].rotate_right(1);
             return Ok(());
         }
         // Order matters. Each thread's current-frame pointer is read first and
@@ -128,7 +134,13 @@ impl FrameWalker {
                 return Err(Error::Corrupt(format!("stack changed while read (word at {addr:#x})")));
             }
         }
-        self.verified.clone_from(&self.links);
+        if self.verified.len() < VERIFIED_KEPT {
+            self.verified.insert(0, self.links.clone());
+        } else {
+            // Reuse the oldest entry's allocation.
+            self.verified.rotate_right(1);
+            self.verified[0].clone_from(&self.links);
+        }
         Ok(())
     }
 
