@@ -3,7 +3,7 @@
 //! object (same type, name, filename and line-table pointers), which catches a
 //! freed code object whose memory now holds another one.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
@@ -48,6 +48,9 @@ pub struct CodeCache {
     /// Type objects known to be `code` (there is one per interpreter build).
     code_types: Vec<u64>,
     head: Vec<u8>,
+    /// The last entry returned (address, epoch, info): deep recursion asks
+    /// for the same code object frame after frame.
+    last: Option<(u64, u64, Arc<CodeInfo>)>,
     pub stats: CodeCacheStats,
 }
 
@@ -63,10 +66,18 @@ impl CodeCache {
         if addr == 0 || addr % 8 != 0 {
             return Err(Error::Corrupt(format!("bad code pointer {addr:#x}")));
         }
+        if let Some((a, e, info)) = &self.last {
+            if *a == addr && *e == self.epoch {
+                self.stats.hits += 1;
+                return Ok(info.clone());
+            }
+        }
         if let Some((_, info, epoch)) = self.entries.get(&addr) {
             if *epoch == self.epoch {
                 self.stats.hits += 1;
-                return Ok(info.clone());
+                let info = info.clone();
+                self.last = Some((addr, self.epoch, info.clone()));
+                return Ok(info);
             }
         }
         let mut head = std::mem::take(&mut self.head);
@@ -87,6 +98,7 @@ impl CodeCache {
             if *cached == fp {
                 *seen = epoch;
                 self.stats.hits += 1;
+                self.last = Some((addr, epoch, info.clone()));
                 return Ok(info.clone());
             }
             self.stats.stale += 1;
@@ -103,6 +115,7 @@ impl CodeCache {
             self.entries.clear();
         }
         self.entries.insert(addr, (fp, info.clone(), epoch));
+        self.last = Some((addr, epoch, info.clone()));
         Ok(info)
     }
 
