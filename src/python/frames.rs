@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::offsets::{FrameKind, LastiUnit, Offsets};
 use crate::process::memory::{RemoteMemory, field_u8, field_u32, field_u64};
-use crate::python::code::CodeCache;
+use crate::python::code::{CodeCache, CodeInfo};
 
 /// Deeper than CPython's default recursion limit allows, with room to spare.
 pub const MAX_DEPTH: usize = 8192;
@@ -55,6 +55,39 @@ pub struct FrameWalker {
     check: Vec<u8>,
     /// Eval-loop groups of the last [`walk`](Self::walk), innermost first.
     pub groups: Vec<EvalGroup>,
+    lines: LineMemo,
+}
+
+/// Lines already decoded, by (code object, instruction): a caller parked on
+/// its call asks for the same line every sample, and decoding walks the line
+/// table from its start. Direct-mapped, so lookups cost one hash and no
+/// allocation. Entries hold their `CodeInfo`, so its address cannot be reused
+/// by another one while the entry could still match it.
+struct LineMemo {
+    slots: Vec<Option<(Arc<CodeInfo>, i32, i32)>>,
+}
+
+const LINE_MEMO_SLOTS: usize = 1024;
+
+impl Default for LineMemo {
+    fn default() -> Self {
+        LineMemo { slots: vec![None; LINE_MEMO_SLOTS] }
+    }
+}
+
+impl LineMemo {
+    fn line(&mut self, o: &Offsets, code: &Arc<CodeInfo>, instr: i32) -> i32 {
+        let key = (Arc::as_ptr(code) as usize as u64) ^ (instr as u32 as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let slot = &mut self.slots[(key.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 54) as usize % LINE_MEMO_SLOTS];
+        if let Some((c, i, line)) = slot {
+            if *i == instr && Arc::ptr_eq(c, code) {
+                return *line;
+            }
+        }
+        let line = o.layout.linetable.line(&code.linetable, code.firstlineno, instr).unwrap_or(0);
+        *slot = Some((code.clone(), instr, line));
+        line
+    }
 }
 
 /// Brent's cycle detection: O(1) memory and a compare per frame, instead of a
@@ -222,7 +255,7 @@ impl FrameWalker {
                     ((ip - start) / 2).min(i32::MAX as u64) as i32
                 }
             };
-            let line = o.layout.linetable.line(&code.linetable, code.firstlineno, instr).unwrap_or(0);
+            let line = self.lines.line(o, &code, instr);
             out.push(Frame { function: code.name.clone(), file: code.filename.clone(), line, native: false });
             // ≤ 3.10 runs every frame in a C call of its own.
             if entry || o.layout.frame == FrameKind::FrameObject {
