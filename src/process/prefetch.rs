@@ -186,12 +186,27 @@ pub struct SampleView<'a> {
     mem: &'a VmReader,
 }
 
+impl SampleView<'_> {
+    /// Note a range this sample read, for the next plan. Walks read
+    /// neighbouring words one after another (a frame chunk, innermost frame
+    /// first): a read is folded into the last one when nothing unmapped can
+    /// lie between, so `end` has little to sort.
+    fn saw(st: &mut State, addr: u64, end: u64) {
+        match st.seen.last_mut() {
+            Some(last) if addr <= last.1 + MERGE_GAP && end + MERGE_GAP >= last.0 => {
+                last.0 = last.0.min(addr);
+                last.1 = last.1.max(end);
+            }
+            _ => st.seen.push((addr, end)),
+        }
+    }
+}
+
 impl RemoteMemory for SampleView<'_> {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
         let end = addr.saturating_add(buf.len() as u64);
         {
             let mut st = self.pf.state.borrow_mut();
-            st.seen.push((addr, end));
             // Ranges are sorted and disjoint: binary search the one starting at or before addr.
             let i = st.ranges.partition_point(|r| r.0 <= addr);
             if i > 0 {
@@ -200,12 +215,17 @@ impl RemoteMemory for SampleView<'_> {
                     let from = off + (addr - s) as usize;
                     buf.copy_from_slice(&st.data[from..from + buf.len()]);
                     st.hits += 1;
+                    Self::saw(&mut st, addr, end);
                     return Ok(());
                 }
             }
             st.misses += 1;
         }
-        self.mem.read(addr, buf)
+        // Only memory that could be read goes into the plan: one unmapped
+        // range there would void every range after it in the next sample.
+        self.mem.read(addr, buf)?;
+        Self::saw(&mut self.pf.state.borrow_mut(), addr, end);
+        Ok(())
     }
 }
 
