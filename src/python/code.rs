@@ -62,22 +62,28 @@ impl CodeCache {
         self.epoch += 1;
     }
 
-    pub fn get(&mut self, mem: &dyn RemoteMemory, o: &Offsets, addr: u64) -> Result<Arc<CodeInfo>> {
+    /// The code object at `addr`, validated in this snapshot. Borrowed, not
+    /// cloned: a walk asks once per frame, and each `Arc` clone and drop is
+    /// an atomic operation.
+    pub fn get(&mut self, mem: &dyn RemoteMemory, o: &Offsets, addr: u64) -> Result<&Arc<CodeInfo>> {
         if addr == 0 || addr % 8 != 0 {
             return Err(Error::Corrupt(format!("bad code pointer {addr:#x}")));
         }
-        if let Some((a, e, info)) = &self.last {
-            if *a == addr && *e == self.epoch {
-                self.stats.hits += 1;
-                return Ok(info.clone());
-            }
+        let epoch = self.epoch;
+        if matches!(&self.last, Some((a, e, _)) if *a == addr && *e == epoch) {
+            self.stats.hits += 1;
+            return Ok(&self.last.as_ref().unwrap().2);
         }
+        let info = self.lookup(mem, o, addr)?;
+        self.last = Some((addr, epoch, info));
+        Ok(&self.last.as_ref().unwrap().2)
+    }
+
+    fn lookup(&mut self, mem: &dyn RemoteMemory, o: &Offsets, addr: u64) -> Result<Arc<CodeInfo>> {
         if let Some((_, info, epoch)) = self.entries.get(&addr) {
             if *epoch == self.epoch {
                 self.stats.hits += 1;
-                let info = info.clone();
-                self.last = Some((addr, self.epoch, info.clone()));
-                return Ok(info);
+                return Ok(info.clone());
             }
         }
         let mut head = std::mem::take(&mut self.head);
@@ -98,7 +104,6 @@ impl CodeCache {
             if *cached == fp {
                 *seen = epoch;
                 self.stats.hits += 1;
-                self.last = Some((addr, epoch, info.clone()));
                 return Ok(info.clone());
             }
             self.stats.stale += 1;
@@ -115,7 +120,6 @@ impl CodeCache {
             self.entries.clear();
         }
         self.entries.insert(addr, (fp, info.clone(), epoch));
-        self.last = Some((addr, epoch, info.clone()));
         Ok(info)
     }
 

@@ -51,7 +51,9 @@ pub struct FrameWalker {
     /// Links of the last few distinct snapshots that passed verification,
     /// most recent first. A program alternating between a handful of stacks
     /// (a loop calling a short function) matches one of them on most samples.
-    verified: Vec<Vec<(u64, u64)>>,
+    /// Each with a hash of its words, so a miss costs one compare, not eight
+    /// scans.
+    verified: Vec<(u64, Vec<(u64, u64)>)>,
     check: Vec<u8>,
     /// Eval-loop groups of the last [`walk`](Self::walk), innermost first.
     pub groups: Vec<EvalGroup>,
@@ -141,7 +143,8 @@ impl FrameWalker {
         // Every word equal to those of a recently verified snapshot: this is
         // a stack already proven to exist (only the innermost line may differ,
         // and that one is never checked). Steady programs stay at one read.
-        if let Some(i) = self.verified.iter().position(|v| *v == self.links) {
+        let hash = self.links.iter().fold(0u64, |h, &(a, v)| (h.rotate_left(5) ^ a ^ v.rotate_left(32)).wrapping_mul(0x51_7CC1_B727_220A_95));
+        if let Some(i) = self.verified.iter().position(|(h, v)| *h == hash && *v == self.links) {
             self.verified[..=i].rotate_right(1);
             return Ok(());
         }
@@ -168,11 +171,12 @@ impl FrameWalker {
             }
         }
         if self.verified.len() < VERIFIED_KEPT {
-            self.verified.insert(0, self.links.clone());
+            self.verified.insert(0, (hash, self.links.clone()));
         } else {
             // Reuse the oldest entry's allocation.
             self.verified.rotate_right(1);
-            self.verified[0].clone_from(&self.links);
+            self.verified[0].0 = hash;
+            self.verified[0].1.clone_from(&self.links);
         }
         Ok(())
     }
@@ -255,7 +259,7 @@ impl FrameWalker {
                     ((ip - start) / 2).min(i32::MAX as u64) as i32
                 }
             };
-            let line = self.lines.line(o, &code, instr);
+            let line = self.lines.line(o, code, instr);
             out.push(Frame { function: code.name.clone(), file: code.filename.clone(), line, native: false });
             // ≤ 3.10 runs every frame in a C call of its own.
             if entry || o.layout.frame == FrameKind::FrameObject {
