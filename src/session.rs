@@ -17,7 +17,7 @@ use crate::python::frames::{EvalGroup, Frame, FrameWalker};
 use crate::python::thread_names::NameCache;
 use crate::python::threads::{ThreadState, find_pthread_tid_offset, gil_holder, thread_states};
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct ThreadStack {
     pub native_id: Option<u64>,
     pub python_id: u64,
@@ -86,6 +86,14 @@ pub struct Session {
     /// thread list changed under it, is retried a little later).
     pthread_tid_offset: Option<u64>,
     pthread_tid_searched: Option<std::time::Instant>,
+    /// The last sample's stacks, handed back by [`Session::recycle`]: the
+    /// next walk refills them in place (frame vectors, names), so a steady
+    /// sample allocates nothing.
+    spare: Vec<ThreadStack>,
+    /// An emptied vector to collect the next walk's stacks in.
+    spare_out: Vec<ThreadStack>,
+    /// GIL holder per interpreter, reused across samples.
+    holders: Vec<(u64, Option<u64>)>,
     prefetch: Prefetcher,
     /// `--native` state; None for Python-only sampling.
     pub native: Option<NativeState>,
@@ -124,6 +132,9 @@ impl Session {
             states: Vec::new(),
             pthread_tid_offset: None,
             pthread_tid_searched: None,
+            spare: Vec::new(),
+            spare_out: Vec::new(),
+            holders: Vec::new(),
             prefetch: Prefetcher::default(),
         })
     }
@@ -159,11 +170,24 @@ impl Session {
         // walk is therefore re-checked, in one more syscall, before it counts.
         if result.is_ok() {
             if let Err(e) = self.walker.verify(&self.attached.mem) {
-                result = Err(e);
+                if let Ok(torn) = std::mem::replace(&mut result, Err(e)) {
+                    self.recycle(torn);
+                }
             }
         }
         self.prefetch.end();
         result
+    }
+
+    /// Hand a snapshot's stacks back once they have been used, so the next
+    /// snapshot reuses their memory.
+    pub fn recycle(&mut self, mut threads: Vec<ThreadStack>) {
+        if self.spare.is_empty() {
+            self.spare = threads;
+        } else if threads.capacity() > self.spare_out.capacity() {
+            threads.clear();
+            self.spare_out = threads;
+        }
     }
 
     fn walk(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
@@ -196,15 +220,17 @@ impl Session {
             // rarely and should not enter the prefetch plan.
             self.py_names.refresh(&a.mem, o, self.states.iter().map(|t| (t.interp, t.thread_id)));
         }
-        let mut out = Vec::with_capacity(self.states.len());
-        let mut holder_by_interp: Vec<(u64, Option<u64>)> = Vec::new();
-        for ts in &self.states {
-            let holder = match holder_by_interp.iter().find(|(i, _)| *i == ts.interp) {
+        let mut out = std::mem::take(&mut self.spare_out);
+        out.clear();
+        let mut spare = std::mem::take(&mut self.spare);
+        self.holders.clear();
+        for (i, ts) in self.states.iter().enumerate() {
+            let holder = match self.holders.iter().find(|(interp, _)| *interp == ts.interp) {
                 Some(&(_, h)) => h,
                 None if !needs.gil => None,
                 None => {
                     let h = gil_holder(mem, o, a.runtime, ts.interp)?;
-                    holder_by_interp.push((ts.interp, h));
+                    self.holders.push((ts.interp, h));
                     h
                 }
             };
@@ -212,9 +238,10 @@ impl Session {
                 let off = self.pthread_tid_offset?;
                 mem.read_u32(ts.thread_id + off).ok().map(|t| t as u64)
             });
-            let mut frames = Vec::new();
+            let mut slot = spare.get_mut(i).map(std::mem::take).unwrap_or_default();
+            slot.frames.clear();
             self.walker.note(ts.frame_field, ts.frame);
-            self.walker.walk(mem, o, &mut self.codes, ts.frame, &mut frames)?;
+            self.walker.walk(mem, o, &mut self.codes, ts.frame, &mut slot.frames)?;
             if self.native.is_some() {
                 let i = out.len();
                 if self.groups.len() <= i {
@@ -224,20 +251,23 @@ impl Session {
             }
             let tid = native_id.map(|t| t as i32);
             let py_name = if needs.names { self.py_names.get(ts.interp, ts.thread_id) } else { None };
-            let name = match (needs.names, native_id) {
-                _ if py_name.is_some() => py_name.map(str::to_owned),
-                (true, Some(n)) => self.names.entry(n).or_insert_with(|| task_comm(pid, n as i32)).clone(),
+            let name: Option<&str> = match (needs.names, native_id) {
+                _ if py_name.is_some() => py_name,
+                (true, Some(n)) => self.names.entry(n).or_insert_with(|| task_comm(pid, n as i32)).as_deref(),
                 _ => None,
             };
-            out.push(ThreadStack {
-                native_id,
-                python_id: ts.thread_id,
-                name,
-                holds_gil: holder == Some(ts.addr),
-                on_cpu: needs.on_cpu && tid.and_then(|t| task_state(pid, t)) == Some('R'),
-                frames,
-            });
+            // Keep the previous sample's string when the name is unchanged.
+            if slot.name.as_deref() != name {
+                slot.name = name.map(str::to_owned);
+            }
+            slot.native_id = native_id;
+            slot.python_id = ts.thread_id;
+            slot.holds_gil = holder == Some(ts.addr);
+            slot.on_cpu = needs.on_cpu && tid.and_then(|t| task_state(pid, t)) == Some('R');
+            out.push(slot);
         }
+        spare.clear();
+        self.spare_out = spare;
         Ok(out)
     }
 }

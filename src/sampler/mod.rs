@@ -203,6 +203,7 @@ pub fn run(
                             agg.add(pid, cmd, t.native_id, t.name.as_deref(), &t.frames);
                         }
                     }
+                    s.recycle(threads);
                     i += 1;
                 }
                 Err(e) if e.is_process_gone() || !s.attached.target.is_alive() => {
