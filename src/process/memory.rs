@@ -3,7 +3,7 @@
 //! captured snapshot alike. [`VmReader`] is the live implementation: it uses
 //! `process_vm_readv` only, so the target is never stopped or ptraced.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 use crate::error::{Error, Result, permission_hint};
 
@@ -43,14 +43,20 @@ pub trait RemoteMemory {
 pub struct VmReader {
     pid: i32,
     syscalls: Cell<u64>,
+    /// iovec arrays (local, remote) reused by every batched read, so the
+    /// per-sample path allocates nothing. Kept as plain words, laid out as
+    /// `libc::iovec` (checked below), so the reader stays `Send`.
+    iovs: RefCell<(Vec<[usize; 2]>, Vec<[usize; 2]>)>,
 }
+
+const _: () = assert!(std::mem::size_of::<libc::iovec>() == std::mem::size_of::<[usize; 2]>());
 
 /// The kernel caps one process_vm_readv at IOV_MAX iovecs.
 const IOV_MAX: usize = 1024;
 
 impl VmReader {
     pub fn new(pid: i32) -> Self {
-        VmReader { pid, syscalls: Cell::new(0) }
+        VmReader { pid, syscalls: Cell::new(0), iovs: RefCell::new((Vec::new(), Vec::new())) }
     }
 
     pub fn pid(&self) -> i32 {
@@ -82,20 +88,44 @@ impl VmReader {
     /// syscall per IOV_MAX ranges; returns the bytes read. Stops at the first
     /// range that faults (the kernel does too), never errors.
     pub fn read_partial(&self, reqs: &mut [(u64, &mut [u8])]) -> usize {
+        // SAFETY: every destination is a live &mut [u8] of the given length.
+        unsafe { self.read_ranges(reqs.iter_mut().map(|(addr, buf)| (*addr, buf.as_mut_ptr(), buf.len()))) }
+    }
+
+    /// [`read_partial`](Self::read_partial) over (remote address, local
+    /// destination, length) triples, without building a request list.
+    ///
+    /// # Safety
+    /// Each destination must be valid for writes of its length, and the
+    /// destinations must not overlap, for the duration of the call.
+    pub unsafe fn read_ranges(&self, ranges: impl Iterator<Item = (u64, *mut u8, usize)>) -> usize {
+        let mut iovs = self.iovs.borrow_mut();
+        let (local, remote) = &mut *iovs;
         let mut done = 0;
-        for chunk in reqs.chunks_mut(IOV_MAX) {
-            let mut local = Vec::with_capacity(chunk.len());
-            let mut remote = Vec::with_capacity(chunk.len());
+        let mut ranges = ranges.peekable();
+        while ranges.peek().is_some() {
+            local.clear();
+            remote.clear();
             let mut total = 0;
-            for (addr, buf) in chunk.iter_mut() {
-                local.push(libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() });
-                remote.push(libc::iovec { iov_base: *addr as *mut libc::c_void, iov_len: buf.len() });
-                total += buf.len();
+            for (addr, dst, len) in ranges.by_ref().take(IOV_MAX) {
+                local.push([dst as usize, len]);
+                remote.push([addr as usize, len]);
+                total += len;
             }
             self.syscalls.set(self.syscalls.get() + 1);
-            // SAFETY: as in `readv`.
-            let n =
-                unsafe { libc::process_vm_readv(self.pid, local.as_ptr(), local.len() as libc::c_ulong, remote.as_ptr(), remote.len() as libc::c_ulong, 0) };
+            // SAFETY: the words are laid out as iovecs (asserted above); local
+            // ones point at caller-guaranteed buffers, remote ones are only
+            // read by the kernel, which validates them.
+            let n = unsafe {
+                libc::process_vm_readv(
+                    self.pid,
+                    local.as_ptr().cast::<libc::iovec>(),
+                    local.len() as libc::c_ulong,
+                    remote.as_ptr().cast::<libc::iovec>(),
+                    remote.len() as libc::c_ulong,
+                    0,
+                )
+            };
             if n <= 0 {
                 break;
             }

@@ -72,15 +72,19 @@ impl Prefetcher {
             return;
         }
         let st = &mut *st;
+        let base = st.data.as_mut_ptr();
+        let mut next = 0usize;
+        let ranges = self.plan.iter().map(|&(s, e, _)| {
+            let len = (e - s) as usize;
+            // SAFETY: `data` was sized to the plan's total above, so each
+            // destination lies inside it, and consecutive ones do not overlap.
+            let dst = unsafe { base.add(next) };
+            next += len;
+            (s, dst, len)
+        });
+        // SAFETY: see the closure; `data` is not touched until the call returns.
+        let got = unsafe { mem.read_ranges(ranges) };
         let mut off = 0usize;
-        let mut reqs: Vec<(u64, &mut [u8])> = Vec::with_capacity(self.plan.len());
-        let mut rest: &mut [u8] = &mut st.data;
-        for &(s, e, _) in &self.plan {
-            let (head, tail) = std::mem::take(&mut rest).split_at_mut((e - s) as usize);
-            reqs.push((s, head));
-            rest = tail;
-        }
-        let got = mem.read_partial(&mut reqs);
         // process_vm_readv fills iovecs in order and stops at the first fault:
         // keep the ranges that arrived whole.
         let mut left = got;

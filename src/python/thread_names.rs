@@ -402,6 +402,8 @@ struct InterpNames {
 #[derive(Default)]
 pub struct NameCache {
     interps: HashMap<u64, InterpNames>,
+    /// Scratch: the interpreters of one call (reused, so a call allocates nothing).
+    scratch: Vec<u64>,
 }
 
 impl NameCache {
@@ -413,11 +415,13 @@ impl NameCache {
             return;
         }
         let now = Instant::now();
-        let mut interps: Vec<u64> = threads.clone().map(|(interp, _)| interp).collect();
+        let mut interps = std::mem::take(&mut self.scratch);
+        interps.clear();
+        interps.extend(threads.clone().map(|(interp, _)| interp));
         interps.sort_unstable();
         interps.dedup();
         self.interps.retain(|i, _| interps.binary_search(i).is_ok());
-        for interp in interps {
+        for &interp in &interps {
             let idents = || threads.clone().filter(move |&(i, _)| i == interp).map(|(_, ident)| ident);
             let due = match self.interps.get(&interp) {
                 None => true,
@@ -437,6 +441,7 @@ impl NameCache {
             e.known = idents().collect();
             e.read_at = now;
         }
+        self.scratch = interps;
     }
 
     /// The Python name of thread `ident` of interpreter `interp`, if known.

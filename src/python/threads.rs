@@ -27,7 +27,16 @@ pub struct ThreadState {
 pub fn thread_states(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, out: &mut Vec<ThreadState>) -> Result<()> {
     out.clear();
     let mut interp = mem.read_u64(runtime + o.runtime.interpreters_head)?;
-    let mut buf = vec![0u8; o.thread.size as usize];
+    // On the stack: this runs every sample. Thread states are well under
+    // 4 KiB on every version (the offsets check sizes at attach).
+    let mut stack_buf = [0u8; 4096];
+    let mut heap_buf;
+    let buf: &mut [u8] = if (o.thread.size as usize) <= stack_buf.len() {
+        &mut stack_buf[..o.thread.size as usize]
+    } else {
+        heap_buf = vec![0u8; o.thread.size as usize];
+        &mut heap_buf
+    };
     let mut n_interp = 0;
     while interp != 0 {
         n_interp += 1;
@@ -40,7 +49,7 @@ pub fn thread_states(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, out: &mu
             if out.len() - first >= MAX_THREADS || out[first..].iter().any(|t| t.addr == ts) {
                 return Err(Error::Corrupt("thread list does not end".into()));
             }
-            mem.read(ts, &mut buf)?;
+            mem.read(ts, buf)?;
             let owner = field_u64(&buf, o.thread.interp as usize);
             if owner != interp {
                 return Err(Error::Corrupt(format!("thread state {ts:#x} belongs to {owner:#x}, not {interp:#x}")));
