@@ -46,8 +46,11 @@ pub struct VmReader {
     /// iovec arrays (local, remote) reused by every batched read, so the
     /// per-sample path allocates nothing. Kept as plain words, laid out as
     /// `libc::iovec` (checked below), so the reader stays `Send`.
-    iovs: RefCell<(Vec<[usize; 2]>, Vec<[usize; 2]>)>,
+    iovs: RefCell<(IovWords, IovWords)>,
 }
+
+/// iovecs as (base, length) words.
+type IovWords = Vec<[usize; 2]>;
 
 const _: () = assert!(std::mem::size_of::<libc::iovec>() == std::mem::size_of::<[usize; 2]>());
 

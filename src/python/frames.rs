@@ -143,7 +143,7 @@ impl FrameWalker {
         // Every word equal to those of a recently verified snapshot: this is
         // a stack already proven to exist (only the innermost line may differ,
         // and that one is never checked). Steady programs stay at one read.
-        let hash = self.links.iter().fold(0u64, |h, &(a, v)| (h.rotate_left(5) ^ a ^ v.rotate_left(32)).wrapping_mul(0x51_7CC1_B727_220A_95));
+        let hash = self.links.iter().fold(0u64, |h, &(a, v)| (h.rotate_left(5) ^ a ^ v.rotate_left(32)).wrapping_mul(0x517C_C1B7_2722_0A95));
         if let Some(i) = self.verified.iter().position(|(h, v)| *h == hash && *v == self.links) {
             self.verified[..=i].rotate_right(1);
             return Ok(());

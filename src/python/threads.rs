@@ -50,11 +50,11 @@ pub fn thread_states(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, out: &mu
                 return Err(Error::Corrupt("thread list does not end".into()));
             }
             mem.read(ts, buf)?;
-            let owner = field_u64(&buf, o.thread.interp as usize);
+            let owner = field_u64(buf, o.thread.interp as usize);
             if owner != interp {
                 return Err(Error::Corrupt(format!("thread state {ts:#x} belongs to {owner:#x}, not {interp:#x}")));
             }
-            let mut frame = field_u64(&buf, o.thread.current_frame as usize);
+            let mut frame = field_u64(buf, o.thread.current_frame as usize);
             let mut frame_field = ts + o.thread.current_frame;
             if let (Some(cf), true) = (o.thread.cframe_current_frame, frame != 0) {
                 frame_field = frame + cf;
@@ -63,12 +63,12 @@ pub fn thread_states(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, out: &mu
             out.push(ThreadState {
                 addr: ts,
                 interp,
-                thread_id: field_u64(&buf, o.thread.thread_id as usize),
-                native_id: o.thread.native_thread_id.map(|off| field_u64(&buf, off as usize)),
+                thread_id: field_u64(buf, o.thread.thread_id as usize),
+                native_id: o.thread.native_thread_id.map(|off| field_u64(buf, off as usize)),
                 frame,
                 frame_field,
             });
-            ts = field_u64(&buf, o.thread.next as usize);
+            ts = field_u64(buf, o.thread.next as usize);
         }
         interp = mem.read_u64(interp + o.interp.next)?;
     }
