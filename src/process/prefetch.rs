@@ -138,12 +138,7 @@ impl Prefetcher {
             (s.saturating_sub(MERGE_GAP / 2).max(lo), e.saturating_add(MERGE_GAP / 2).min(hi), 0u8)
         });
         let fault = st.fault;
-        let old = self
-            .plan
-            .iter()
-            .enumerate()
-            .filter(|&(i, r)| Some(i) != fault && r.2 + 1 < PLAN_KEEP_SAMPLES)
-            .map(|(_, &(s, e, age))| (s, e, age + 1));
+        let old = self.plan.iter().enumerate().filter(|&(i, r)| Some(i) != fault && r.2 + 1 < PLAN_KEEP_SAMPLES).map(|(_, &(s, e, age))| (s, e, age + 1));
         let next = &mut self.next;
         next.clear();
         let mut push = |r: (u64, u64, u8)| match next.last_mut() {

@@ -160,7 +160,11 @@ mod tests {
         let mem = VmReader::new(pid as i32);
         let pthreads: Vec<u64> = threads.iter().map(|t| t.0).collect();
         let off = find_pthread_tid_offset(&mem, main.1, &tids, &pthreads).expect("offset found");
-        let live_checked = threads.iter().filter(|(_, tid)| tids.contains(tid)).map(|&(pt, tid)| assert_eq!(mem.read_u32(pt + off).unwrap() as i32, tid, "pthread {pt:#x}")).count();
+        let live_checked = threads
+            .iter()
+            .filter(|(_, tid)| tids.contains(tid))
+            .map(|&(pt, tid)| assert_eq!(mem.read_u32(pt + off).unwrap() as i32, tid, "pthread {pt:#x}"))
+            .count();
         assert_eq!(live_checked, 4);
         done.wait();
         for t in live {
