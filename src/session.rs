@@ -94,6 +94,8 @@ pub struct Session {
     spare_out: Vec<ThreadStack>,
     /// GIL holder per interpreter, reused across samples.
     holders: Vec<(u64, Option<u64>)>,
+    /// Scratch for reading thread states.
+    ts_buf: Vec<u8>,
     prefetch: Prefetcher,
     /// `--native` state; None for Python-only sampling.
     pub native: Option<NativeState>,
@@ -135,6 +137,7 @@ impl Session {
             spare: Vec::new(),
             spare_out: Vec::new(),
             holders: Vec::new(),
+            ts_buf: Vec::new(),
             prefetch: Prefetcher::default(),
         })
     }
@@ -195,7 +198,7 @@ impl Session {
         let o = &a.offsets;
         let view = self.prefetch.view(&a.mem);
         let mem: &dyn RemoteMemory = &view;
-        thread_states(mem, o, a.runtime, &mut self.states)?;
+        thread_states(mem, o, a.runtime, &mut self.states, &mut self.ts_buf)?;
         if let Some(chunk_off) = o.thread.datastack_chunk {
             // 3.11+: a thread's frames sit in its current data-stack chunk;
             // reading the chunk's first 16 KiB (CPython's smallest chunk size,

@@ -104,7 +104,8 @@ pub fn verify_runtime(mem: &dyn RemoteMemory, maps: &[Mapping], o: &Offsets, run
         return false;
     }
     let mut states = Vec::new();
-    crate::python::threads::thread_states(mem, o, runtime, &mut states).is_ok() && states.iter().all(|t| t.frame == 0 || plausible_data_ptr(maps, t.frame))
+    crate::python::threads::thread_states(mem, o, runtime, &mut states, &mut Vec::new()).is_ok()
+        && states.iter().all(|t| t.frame == 0 || plausible_data_ptr(maps, t.frame))
 }
 
 /// Scan the data blocks for a `_PyRuntime` whose interpreter/thread cycle holds.

@@ -23,20 +23,12 @@ pub struct ThreadState {
     pub frame_field: u64,
 }
 
-/// Every thread state of every interpreter, in interpreter order.
-pub fn thread_states(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, out: &mut Vec<ThreadState>) -> Result<()> {
+/// Every thread state of every interpreter, in interpreter order. `buf` is
+/// scratch the caller keeps, so a sample allocates nothing here.
+pub fn thread_states(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, out: &mut Vec<ThreadState>, buf: &mut Vec<u8>) -> Result<()> {
     out.clear();
     let mut interp = mem.read_u64(runtime + o.runtime.interpreters_head)?;
-    // On the stack: this runs every sample. Thread states are well under
-    // 4 KiB on every version (the offsets check sizes at attach).
-    let mut stack_buf = [0u8; 4096];
-    let mut heap_buf;
-    let buf: &mut [u8] = if (o.thread.size as usize) <= stack_buf.len() {
-        &mut stack_buf[..o.thread.size as usize]
-    } else {
-        heap_buf = vec![0u8; o.thread.size as usize];
-        &mut heap_buf
-    };
+    buf.resize(o.thread.size as usize, 0);
     let mut n_interp = 0;
     while interp != 0 {
         n_interp += 1;
@@ -131,7 +123,7 @@ mod tests {
 
     /// Run against this very process (glibc pthreads, real kernel tids): the
     /// offset found must give every live thread its tid, also while one of
-    /// the threads handed in has already exited (its word reads 0), which is
+    /// the threads handed in has already exited (its word reads 0 or -1), which is
     /// what a dump racing a finishing Python thread sees.
     /// (Before this, such a race left every thread of a 3.8–3.10 target
     /// without a native id for the whole session.)
