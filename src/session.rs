@@ -179,7 +179,38 @@ impl Session {
             }
         }
         self.prefetch.end();
+        if let Ok(threads) = &mut result {
+            self.thread_facts(threads, needs);
+        }
         result
+    }
+
+    /// Names and run states of a verified snapshot's threads. Done after the
+    /// re-read, not between it and the walk: /proc and the thread-name dicts
+    /// take many syscalls, and the longer that window, the more often a
+    /// churning target tears the snapshot.
+    fn thread_facts(&mut self, threads: &mut [ThreadStack], needs: SnapshotNeeds) {
+        let a = &self.attached;
+        let pid = a.target.pid;
+        if needs.names {
+            // The raw reader, not the per-sample prefetch view: names are read
+            // rarely and should not enter the prefetch plan.
+            self.py_names.refresh(&a.mem, &a.offsets, self.states.iter().map(|t| (t.interp, t.thread_id)));
+        }
+        // `threads[i]` was walked from `self.states[i]`.
+        for (t, ts) in threads.iter_mut().zip(&self.states) {
+            let py_name = if needs.names { self.py_names.get(ts.interp, ts.thread_id) } else { None };
+            let name: Option<&str> = match (needs.names, t.native_id) {
+                _ if py_name.is_some() => py_name,
+                (true, Some(n)) => self.names.entry(n).or_insert_with(|| task_comm(pid, n as i32)).as_deref(),
+                _ => None,
+            };
+            // Keep the previous sample's string when the name is unchanged.
+            if t.name.as_deref() != name {
+                t.name = name.map(str::to_owned);
+            }
+            t.on_cpu = needs.on_cpu && t.native_id.and_then(|n| task_state(pid, n as i32)) == Some('R');
+        }
     }
 
     /// Hand a snapshot's stacks back once they have been used, so the next
@@ -218,11 +249,6 @@ impl Session {
             self.pthread_tid_offset = find_pthread_tid_offset(mem, pid, &a.target.threads(), &pthreads);
             self.pthread_tid_searched = Some(std::time::Instant::now());
         }
-        if needs.names {
-            // The raw reader, not the per-sample prefetch view: names are read
-            // rarely and should not enter the prefetch plan.
-            self.py_names.refresh(&a.mem, o, self.states.iter().map(|t| (t.interp, t.thread_id)));
-        }
         let mut out = std::mem::take(&mut self.spare_out);
         out.clear();
         let mut spare = std::mem::take(&mut self.spare);
@@ -252,21 +278,9 @@ impl Session {
                 }
                 self.groups[i].clone_from(&self.walker.groups);
             }
-            let tid = native_id.map(|t| t as i32);
-            let py_name = if needs.names { self.py_names.get(ts.interp, ts.thread_id) } else { None };
-            let name: Option<&str> = match (needs.names, native_id) {
-                _ if py_name.is_some() => py_name,
-                (true, Some(n)) => self.names.entry(n).or_insert_with(|| task_comm(pid, n as i32)).as_deref(),
-                _ => None,
-            };
-            // Keep the previous sample's string when the name is unchanged.
-            if slot.name.as_deref() != name {
-                slot.name = name.map(str::to_owned);
-            }
             slot.native_id = native_id;
             slot.python_id = ts.thread_id;
             slot.holds_gil = holder == Some(ts.addr);
-            slot.on_cpu = needs.on_cpu && tid.and_then(|t| task_state(pid, t)) == Some('R');
             out.push(slot);
         }
         spare.clear();
