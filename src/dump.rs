@@ -20,29 +20,37 @@ struct DumpJson<'a> {
     threads: &'a [ThreadStack],
 }
 
-/// How often to retry a snapshot torn by the running target. A thread being
+/// How long to keep retrying a snapshot torn by the running target. Retries
+/// come in bursts: a stack that churns every few microseconds is caught
+/// between two changes by trying again at once, many times; a thread being
 /// torn down can stay half-unlinked while it waits for the GIL (one switch
-/// interval, 5 ms), so retries are spaced out.
-const ATTEMPTS: usize = 50;
+/// interval, 5 ms), which only a pause between bursts outlasts.
+const RETRY_FOR: std::time::Duration = std::time::Duration::from_millis(300);
+const BURST: usize = 20;
 const BACKOFF: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// A snapshot, retried while the target changes under us.
 pub fn snapshot_with_retry(session: &mut Session) -> Result<Vec<ThreadStack>> {
-    let mut last = None;
-    for _ in 0..ATTEMPTS {
+    let started = std::time::Instant::now();
+    let mut tries = 0;
+    loop {
         match session.snapshot(SnapshotNeeds::ALL) {
             Ok(s) => return Ok(s),
             Err(e) if e.is_transient() => {
-                last = Some(e);
-                std::thread::sleep(BACKOFF);
+                tries += 1;
+                if started.elapsed() >= RETRY_FOR {
+                    if !session.attached.target.is_alive() {
+                        return Err(Error::ProcessGone(session.pid()));
+                    }
+                    return Err(e);
+                }
+                if tries % BURST == 0 {
+                    std::thread::sleep(BACKOFF);
+                }
             }
             Err(e) => return Err(e),
         }
     }
-    if !session.attached.target.is_alive() {
-        return Err(Error::ProcessGone(session.pid()));
-    }
-    Err(last.unwrap())
 }
 
 pub fn run(session: &mut Session, opts: &DumpOptions, out: &mut dyn Write) -> Result<()> {
