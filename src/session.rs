@@ -267,8 +267,8 @@ impl Session {
                 let off = self.pthread_tid_offset?;
                 mem.read_u32(ts.thread_id + off).ok().map(|t| t as u64)
             });
+            // Not cleared: the walk overwrites the last sample's frames in place.
             let mut slot = spare.get_mut(i).map(std::mem::take).unwrap_or_default();
-            slot.frames.clear();
             self.walker.note(ts.frame_field, ts.frame);
             self.walker.walk(mem, o, &mut self.codes, ts.frame, &mut slot.frames)?;
             if self.native.is_some() {
