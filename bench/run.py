@@ -899,7 +899,7 @@ def main():
     ap.add_argument("--pythons", default="3.12,3.15,3.9", help="comma list of 3.X (3.15 = the sid chroot)")
     ap.add_argument("--profilers", default="pyprof,py-spy,austin,tachyon")
     ap.add_argument("--depths", default="3,100")
-    ap.add_argument("--rates", default=None, help="comma list (default 1000,10000,100000; --native: 100,1000)")
+    ap.add_argument("--rates", default=None, help="comma list (default 1000,10000,1000000; 1000000 asks every tool to sample back to back; --native: 100,1000)")
     ap.add_argument("--native", action="store_true",
                     help="merged C+Python stacks: pyprof --native vs py-spy --native (default rates 100,1000)")
     ap.add_argument("--memory", action="store_true", help="run the memory scenario (only)")
@@ -925,7 +925,7 @@ def main():
     if args.duration is None:
         args.duration = 2 if args.quick else 5
     if args.rates is None:
-        args.rates = "100,1000" if args.native else "1000,10000,100000"
+        args.rates = "100,1000" if args.native else "1000,10000,1000000"
     if args.duration == int(args.duration):
         args.duration = int(args.duration)
 

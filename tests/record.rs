@@ -214,7 +214,7 @@ fn bad_arguments_fail_fast_with_one_line() {
     let pid = target.pid().to_string();
     let cases: &[(&[&str], &str)] = &[
         (&["--pid", &pid, "-r", "0"], "rate must be above 0"),
-        (&["--pid", &pid, "-r", "500k"], "maximum"),
+        (&["--pid", &pid, "-r", "2000k"], "maximum"),
         (&["--pid", &pid, "-d", "0"], "duration must be above 0"),
         (&["--pid", &pid, "-f", "banana"], "invalid value 'banana'"),
         (&["--pid", &pid, "-o", "/nonexistent-dir/x.svg"], "cannot write /nonexistent-dir/x.svg"),
