@@ -445,6 +445,37 @@ class Tachyon(Profiler):
                 "tool_reported_samples": int(m.group(1)) if m else None}
 
 
+class Sleeper(Profiler):
+    """The control: bench/sleeper.c on the profilers' CPU, waking at the same
+    rate and reading nothing. Its slowdown column is what merely running a
+    sampler's timer next to the target costs on this machine (the host's
+    scheduling of the VM's CPUs, shared caches): the yardstick for the others'."""
+    name = "sleeper (control)"
+
+    def __init__(self, exe):
+        self.exe = exe
+
+    def command(self, target, rate, secs, out):
+        return [self.exe, str(rate), str(secs), out["host"] + ".txt"]
+
+    def parse(self, out, run):
+        with open(out["host"] + ".txt") as f:
+            ticks, seconds = f.read().split()
+        return {"samples": int(ticks), "seconds": float(seconds)}
+
+
+def build_sleeper(tmp):
+    """Compile bench/sleeper.c into the work directory; None (with why) if no C compiler."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None, "no C compiler (cc) to build bench/sleeper.c"
+    exe = os.path.join(tmp["host"], "sleeper")
+    r = subprocess.run([cc, "-O2", "-o", exe, os.path.join(BENCH, "sleeper.c")], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, "bench/sleeper.c did not compile: %s" % r.stderr.strip().splitlines()[-1:]
+    return exe, None
+
+
 class Skip(Exception):
     pass
 
@@ -781,6 +812,12 @@ def matrix(args, tmp):
                 profs.append(a)
         elif name == "tachyon":
             profs.append(Tachyon())
+        elif name == "sleeper":
+            exe, why = build_sleeper(tmp)
+            if exe:
+                profs.append(Sleeper(exe))
+            else:
+                log("skipping the sleeper control: %s" % why)
         else:
             sys.exit("unknown profiler %r" % name)
     depths = [int(d) for d in args.depths.split(",")]
@@ -804,6 +841,8 @@ def matrix(args, tmp):
                     for prof in profs:
                         if not prof.supports(py):
                             continue
+                        if isinstance(prof, Sleeper) and rate > 10000:
+                            continue   # the control is for the rates a sampler sleeps between ticks at
                         runs = []
                         for rep in range(args.repeat):
                             seq += 1
@@ -897,7 +936,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="2 s per measurement instead of 5")
     ap.add_argument("--duration", type=float, help="seconds per measurement (default 5, --quick 2)")
     ap.add_argument("--pythons", default="3.12,3.15,3.9", help="comma list of 3.X (3.15 = the sid chroot)")
-    ap.add_argument("--profilers", default="pyprof,py-spy,austin,tachyon")
+    ap.add_argument("--profilers", default="pyprof,py-spy,austin,tachyon,sleeper",
+                    help="comma list; sleeper is the control: wakes at the rate, reads nothing (rates <= 10000)")
     ap.add_argument("--depths", default="3,100")
     ap.add_argument("--rates", default=None, help="comma list (default 1000,10000,1000000; 1000000 asks every tool to sample back to back; --native: 100,1000)")
     ap.add_argument("--native", action="store_true",
