@@ -302,7 +302,34 @@ impl FrameWalker {
 
 #[cfg(test)]
 mod tests {
-    use super::CycleCheck;
+    use super::{CodeInfo, CycleCheck, Frame, put_frame};
+    use std::sync::Arc;
+
+    fn code(name: &str) -> CodeInfo {
+        CodeInfo { name: name.into(), filename: "x.py".into(), firstlineno: 1, linetable: Box::new([]) }
+    }
+
+    /// The last sample's frames are reused only where they name the same
+    /// code strings; anything else (another function, a C frame) is replaced.
+    #[test]
+    fn frames_written_in_place_never_keep_stale_entries() {
+        let (a, b) = (code("a"), code("b"));
+        let mut out = Vec::new();
+        put_frame(&mut out, 0, &a, 3);
+        put_frame(&mut out, 1, &b, 4);
+        let kept = out[0].function.clone();
+        // Next sample: same function at 0 on another line, another at 1.
+        put_frame(&mut out, 0, &a, 7);
+        put_frame(&mut out, 1, &a, 9);
+        assert!(Arc::ptr_eq(&out[0].function, &kept), "unchanged frame keeps its strings");
+        assert_eq!((&*out[0].function, out[0].line), ("a", 7));
+        assert_eq!((&*out[1].function, out[1].line), ("a", 9), "another function replaces the entry");
+        // A native frame with the same strings is still replaced by a Python one.
+        out[0] = Frame { function: a.name.clone(), file: a.filename.clone(), line: 0, native: true };
+        put_frame(&mut out, 0, &a, 5);
+        assert!(!out[0].native);
+        assert_eq!(out[0].line, 5);
+    }
 
     #[test]
     fn brent_finds_cycles_and_passes_chains() {
