@@ -255,11 +255,11 @@ def wake_floor_us(hz=10000, n=10000):
 
 
 class Profiler:
-    """name; supports(py); command(...) -> argv; parse(...) -> dict(samples, seconds, notes)."""
+    """name; supports(py, rate); command(...) -> argv; parse(...) -> dict(samples, seconds, notes)."""
 
     name = ""
 
-    def supports(self, py):
+    def supports(self, py, rate):
         return True
 
 
@@ -423,7 +423,7 @@ class Tachyon(Profiler):
     """CPython 3.15's own sampler, run inside the chroot, joined to the target's mount ns."""
     name = "tachyon"
 
-    def supports(self, py):
+    def supports(self, py, rate):
         return py.label == "3.15"
 
     def command(self, target, rate, secs, out):
@@ -454,6 +454,9 @@ class Sleeper(Profiler):
 
     def __init__(self, exe):
         self.exe = exe
+
+    def supports(self, py, rate):
+        return rate <= 10000   # the rates a sampler sleeps between ticks at
 
     def command(self, target, rate, secs, out):
         return [self.exe, str(rate), str(secs), out["host"] + ".txt"]
@@ -839,10 +842,8 @@ def matrix(args, tmp):
                 base = target.windows(BASE_WINDOWS)
                 for rate in rates:
                     for prof in profs:
-                        if not prof.supports(py):
+                        if not prof.supports(py, rate):
                             continue
-                        if isinstance(prof, Sleeper) and rate > 10000:
-                            continue   # the control is for the rates a sampler sleeps between ticks at
                         runs = []
                         for rep in range(args.repeat):
                             seq += 1

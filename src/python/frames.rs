@@ -95,14 +95,11 @@ impl LineMemo {
 /// Set `out[i]` to a Python frame of `code`, keeping the entry already there
 /// when it names the same code strings (only the line is written then).
 fn put_frame(out: &mut Vec<Frame>, i: usize, code: &CodeInfo, line: i32) {
-    if let Some(f) = out.get_mut(i) {
-        if !f.native && Arc::ptr_eq(&f.function, &code.name) && Arc::ptr_eq(&f.file, &code.filename) {
-            f.line = line;
-        } else {
-            *f = Frame { function: code.name.clone(), file: code.filename.clone(), line, native: false };
-        }
-    } else {
-        out.push(Frame { function: code.name.clone(), file: code.filename.clone(), line, native: false });
+    let fresh = || Frame { function: code.name.clone(), file: code.filename.clone(), line, native: false };
+    match out.get_mut(i) {
+        Some(f) if !f.native && Arc::ptr_eq(&f.function, &code.name) && Arc::ptr_eq(&f.file, &code.filename) => f.line = line,
+        Some(f) => *f = fresh(),
+        None => out.push(fresh()),
     }
 }
 
