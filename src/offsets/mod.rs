@@ -78,6 +78,8 @@ pub struct InterpOffsets {
     pub threads_head: u64,
     /// 3.12+: each interpreter embeds its own GIL.
     pub gil: Option<GilFields>,
+    /// 3.14+: count of code objects freed (see `python::code`).
+    pub code_object_generation: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -93,6 +95,20 @@ pub struct ThreadOffsets {
     pub thread_id: u64,
     pub native_thread_id: Option<u64>,
     pub datastack_chunk: Option<u64>,
+}
+
+impl ThreadOffsets {
+    /// Bytes of a thread state a walk uses: up to its last field read, not
+    /// the whole struct (3.15's 888 bytes cross a page boundary more often
+    /// than its first 264, and each page costs a read its own pinning).
+    pub fn used_len(&self) -> u64 {
+        [Some(self.next), Some(self.interp), Some(self.current_frame), Some(self.thread_id), self.native_thread_id, self.datastack_chunk]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(0)
+            + 8
+    }
 }
 
 /// `PyFrameObject` (≤ 3.10) and `_PyInterpreterFrame` (3.11+) in one shape.
@@ -119,6 +135,8 @@ pub struct CodeOffsets {
     pub linetable: u64,
     pub firstlineno: u64,
     pub code_adaptive: Option<u64>,
+    /// 3.12+: `co_version` (u32), a serial number per code object.
+    pub version: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -299,6 +317,8 @@ impl Offsets {
                 next: f.get("interpreter_state.next")?,
                 threads_head: f.get("interpreter_state.threads_head")?,
                 gil: f.gil("interpreter_state.gil_runtime_state_locked", "interpreter_state.gil_runtime_state_holder"),
+                // 0 is where the field is compiled out, not an offset.
+                code_object_generation: f.opt("interpreter_state.code_object_generation").filter(|&off| off != 0),
             },
             thread: ThreadOffsets {
                 size: f.get("thread_state.size")?,
@@ -320,6 +340,7 @@ impl Offsets {
                 linetable: f.get("code_object.linetable")?,
                 firstlineno: f.get("code_object.firstlineno")?,
                 code_adaptive: f.opt("code_object.co_code_adaptive"),
+                version: f.opt("code_object.co_version"),
             },
             object: ObjectOffsets {
                 ob_type: f.get("pyobject.ob_type")?,
@@ -373,6 +394,7 @@ impl Offsets {
             inf.push(("gil_locked", g.locked, 4));
             inf.push(("gil_holder", g.holder, 8));
         }
+        inf.extend(i.code_object_generation.map(|o| ("code_object_generation", o, 8)));
         check("interpreter_state", i.size, &inf)?;
         let fr = &self.frame;
         let instr_width = if self.layout.lasti == LastiUnit::InstrPtr { 8 } else { 4 };
@@ -383,6 +405,7 @@ impl Offsets {
         let c = &self.code;
         let mut cf = vec![("filename", c.filename, 8), ("name", c.name, 8), ("linetable", c.linetable, 8), ("firstlineno", c.firstlineno, 4)];
         cf.extend(c.qualname.map(|o| ("qualname", o, 8)));
+        cf.extend(c.version.map(|o| ("co_version", o, 4)));
         // co_code_adaptive is a trailing array: it may start exactly at the end.
         cf.extend(c.code_adaptive.map(|o| ("co_code_adaptive", o, 0)));
         check("code_object", c.size, &cf)?;

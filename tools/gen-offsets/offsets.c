@@ -452,6 +452,11 @@ static void full_table(void)
 #  else
     OFF("code", PyCodeObject, co_code);
 #  endif
+#  if PY_VERSION_HEX >= 0x030C0000
+    /* A serial number per code object (0 once the counter is exhausted):
+       tells a new code object from a freed one at the same address. */
+    OFF("co_version", PyCodeObject, co_version);
+#  endif
 
     section("pyobject");
     SIZE(PyObject);
@@ -578,6 +583,7 @@ static int debug_table(void)
     /* What the walker needs and _Py_DebugOffsets does not carry. */
     section("code_object");
     OFF("firsttraceable", PyCodeObject, _co_firsttraceable);
+    OFF("co_version", PyCodeObject, co_version);
 
     section("unicode_object");
     SIZE_AS("compact_size", PyCompactUnicodeObject);
