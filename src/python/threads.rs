@@ -28,7 +28,7 @@ pub struct ThreadState {
 pub fn thread_states(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, out: &mut Vec<ThreadState>, buf: &mut Vec<u8>) -> Result<()> {
     out.clear();
     let mut interp = mem.read_u64(runtime + o.runtime.interpreters_head)?;
-    buf.resize(o.thread.size as usize, 0);
+    buf.resize(o.thread.used_len() as usize, 0);
     let mut n_interp = 0;
     while interp != 0 {
         n_interp += 1;
