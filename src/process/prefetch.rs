@@ -6,11 +6,22 @@
 //! kernel only for the rest. Nothing survives from one sample to the next
 //! except the *plan* of what to read, so no stale data can leak into a stack:
 //! every byte a sample uses was read during that sample.
+//!
+//! The kernel copies iovecs strictly in array order (one loop in
+//! `process_vm_rw_core`, each range's pages pinned with fully ordered atomic
+//! operations), so the order of a plan is the order in time. It has three
+//! phases: [`Phase::Code`] (code objects and their strings), then
+//! [`Phase::Stack`] (thread states, frames), then the tail words (counters
+//! read after every frame, see [`Prefetcher::set_tail`]). Code objects go
+//! first so that the stack comes last before the walk and its re-read: the
+//! shorter the time from a thread's current-frame pointer to the re-read,
+//! the fewer snapshots a moving stack tears (reading them after the stack
+//! tore a 3.12 target's deep stack five times as often).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use crate::error::Result;
-use crate::process::memory::{RemoteMemory, VmReader};
+use crate::process::memory::{RemoteMemory, VmReader, field_u64};
 
 /// Ranges closer than this are read as one (the bytes between are cheap;
 /// iovec count and syscalls are not). Also the growth room left on each side
@@ -29,27 +40,57 @@ const MAX_PLAN_RANGES: usize = 512;
 /// one's frames and code already read, instead of paying a syscall per miss.
 const PLAN_KEEP_SAMPLES: u8 = 4;
 
+/// Which part of a sample's read a range belongs to, in the order read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Code = 0,
+    Stack = 1,
+}
+
+/// When bytes were copied out of the target: 4 × the reader's syscall count
+/// after the call that copied them, plus the phase within a sample's first
+/// call (code 0, stack 1, tail 2). Every read of a session is thus ordered,
+/// and a later call is later than every phase of an earlier one.
+pub fn read_time(syscalls: u64, phase: u64) -> u64 {
+    syscalls * 4 + phase
+}
+const TAIL_PHASE: u64 = 2;
+
+/// One phase's ranges held this sample: (start, end, offset in `data`,
+/// read time), sorted.
+type Held = Vec<(u64, u64, usize, u64)>;
+/// A plan: (start, end, samples since a sample last read inside it), sorted, disjoint.
+type Plan = Vec<(u64, u64, u8)>;
+
 #[derive(Default)]
 struct State {
-    /// Merged ranges read at the start of this sample: (start, end, offset in `data`).
-    ranges: Vec<(u64, u64, usize)>,
+    held: [Held; 2],
     data: Vec<u8>,
-    /// Ranges this sample asked for, for the next plan.
-    seen: Vec<(u64, u64)>,
-    /// Index in the plan of the range at which this sample's read faulted
-    /// (the target unmapped it): it is left out of the next plan.
-    fault: Option<usize>,
+    /// Ranges this sample asked for, per phase, for the next plan.
+    seen: [Vec<(u64, u64)>; 2],
+    /// (phase, index in that phase's plan) of the range at which this
+    /// sample's read faulted (the target unmapped it): it is left out of the
+    /// next plan.
+    fault: Option<(usize, usize)>,
     hits: u64,
     misses: u64,
+    /// (address, value) of the tail words this sample's first call read.
+    tail: Vec<(u64, u64)>,
+    /// The latest value read of each tail word before this sample began.
+    tail_before: Vec<(u64, u64)>,
 }
 
 #[derive(Default)]
 pub struct Prefetcher {
     state: RefCell<State>,
-    /// (start, end, samples since a sample last read inside it), sorted, disjoint.
-    plan: Vec<(u64, u64, u8)>,
+    /// Words read after every plan range, in the same call (see
+    /// [`Prefetcher::set_tail`]).
+    tail: Vec<u64>,
+    plans: [Plan; 2],
     /// Scratch for building the next plan.
-    next: Vec<(u64, u64, u8)>,
+    next: Plan,
+    /// The reader's syscall count after this sample's first call.
+    first_call: Cell<u64>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -63,53 +104,101 @@ impl Prefetcher {
     /// simply not served (reads there go to the kernel and fail normally).
     pub fn begin(&mut self, mem: &VmReader) {
         let mut st = self.state.borrow_mut();
-        st.seen.clear();
-        st.ranges.clear();
+        let st = &mut *st;
+        st.seen.iter_mut().for_each(Vec::clear);
+        st.held.iter_mut().for_each(Vec::clear);
         st.fault = None;
-        let total: u64 = self.plan.iter().map(|(s, e, _)| e - s).sum();
-        st.data.resize(total as usize, 0);
-        if self.plan.is_empty() {
+        for (a, v) in st.tail.drain(..) {
+            match st.tail_before.iter_mut().find(|w| w.0 == a) {
+                Some(w) => w.1 = v,
+                None => st.tail_before.push((a, v)),
+            }
+        }
+        let planned = || self.plans.iter().flatten().map(|&(s, e, _)| (s, e));
+        let tail_at = planned().map(|(s, e)| (e - s) as usize).sum::<usize>();
+        st.data.resize(tail_at + 8 * self.tail.len(), 0);
+        if st.data.is_empty() {
+            self.first_call.set(mem.syscalls());
             return;
         }
-        let st = &mut *st;
         let base = st.data.as_mut_ptr();
         let mut next = 0usize;
-        let ranges = self.plan.iter().map(|&(s, e, _)| {
+        let ranges = planned().chain(self.tail.iter().map(|&a| (a, a + 8))).map(|(s, e)| {
             let len = (e - s) as usize;
-            // SAFETY: `data` was sized to the plan's total above, so each
-            // destination lies inside it, and consecutive ones do not overlap.
+            // SAFETY: `data` was sized to the plans' total plus the tail
+            // words above, so each destination lies inside it, and
+            // consecutive ones do not overlap.
             let dst = unsafe { base.add(next) };
             next += len;
             (s, dst, len)
         });
         // SAFETY: see the closure; `data` is not touched until the call returns.
         let got = unsafe { mem.read_ranges(ranges) };
-        let mut off = 0usize;
+        self.first_call.set(mem.syscalls());
         // process_vm_readv fills iovecs in order and stops at the first fault:
         // keep the ranges that arrived whole.
-        let mut left = got;
-        for (i, &(s, e, _)) in self.plan.iter().enumerate() {
-            let len = (e - s) as usize;
-            if left < len {
-                st.fault = Some(i);
-                break;
+        let (mut off, mut left) = (0usize, got);
+        'phases: for (p, plan) in self.plans.iter().enumerate() {
+            for (i, &(s, e, _)) in plan.iter().enumerate() {
+                let len = (e - s) as usize;
+                if left < len {
+                    st.fault = Some((p, i));
+                    break 'phases;
+                }
+                st.held[p].push((s, e, off, read_time(mem.syscalls(), p as u64)));
+                off += len;
+                left -= len;
             }
-            st.ranges.push((s, e, off));
-            off += len;
-            left -= len;
+        }
+        if st.fault.is_none() {
+            let words = (left / 8).min(self.tail.len());
+            st.tail.extend(self.tail[..words].iter().enumerate().map(|(i, &a)| (a, field_u64(&st.data, tail_at + 8 * i))));
+        }
+        st.data.truncate(tail_at);
+    }
+
+    /// Words to read at the very end of each following sample's first call,
+    /// after everything the plan holds: a counter read there is known to have
+    /// been read after every frame that call copied (see [`Self::tail_word`]).
+    /// Repeated words are read once.
+    pub fn set_tail(&mut self, words: impl Iterator<Item = u64>) {
+        self.tail.clear();
+        for w in words {
+            if !self.tail.contains(&w) {
+                self.tail.push(w);
+            }
         }
     }
 
-    /// Read one more range now and serve it for the rest of this sample, for
-    /// what is known to be needed before the walk asks (a thread's frame
-    /// chunk). Best effort: a range that faults or overlaps one already held
-    /// is simply not added.
+    /// The value of tail word `addr` read by this sample's first call, after
+    /// all of the plan; None if it was not read whole.
+    pub fn tail_word(&self, addr: u64) -> Option<u64> {
+        self.state.borrow().tail.iter().find(|w| w.0 == addr).map(|w| w.1)
+    }
+
+    /// When this sample's first call read its tail words.
+    pub fn tail_time(&self) -> u64 {
+        read_time(self.first_call.get(), TAIL_PHASE)
+    }
+
+    /// The latest value of tail word `addr` read before this sample began:
+    /// older than every byte this sample reads.
+    pub fn tail_word_before(&self, addr: u64) -> Option<u64> {
+        self.state.borrow().tail_before.iter().find(|w| w.0 == addr).map(|w| w.1)
+    }
+
+    /// Read one more stack range now and serve it for the rest of this
+    /// sample, for what is known to be needed before the walk asks (a
+    /// thread's frame chunk). Best effort: a range that faults or overlaps
+    /// one already held is simply not added.
     pub fn load(&self, mem: &VmReader, addr: u64, len: usize) {
         let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        let held = &mut st.held[Phase::Stack as usize];
         let end = addr.saturating_add(len as u64);
-        let i = st.ranges.partition_point(|r| r.0 < addr);
-        let overlaps_prev = i > 0 && st.ranges[i - 1].1 > addr;
-        let overlaps_next = i < st.ranges.len() && st.ranges[i].0 < end;
+        let i = held.partition_point(|r| r.0 < addr);
+        let overlaps_prev = i > 0 && held[i - 1].1 > addr;
+        let overlaps_next = i < held.len() && held[i].0 < end;
         if overlaps_prev || overlaps_next {
             return;
         }
@@ -120,57 +209,64 @@ impl Prefetcher {
             st.data.truncate(off);
             return;
         }
-        st.ranges.insert(i, (addr, end, off));
+        held.insert(i, (addr, end, off, read_time(mem.syscalls(), Phase::Stack as u64)));
     }
 
     /// Turn what this sample read, and what the last few read, into the
     /// next sample's plan.
     pub fn end(&mut self) {
         let mut st = self.state.borrow_mut();
-        let mut seen = std::mem::take(&mut st.seen);
-        seen.sort_unstable();
-        // This sample's ranges, each grown within its own pages (age 0), and
-        // the current plan's ranges one sample older, merged in one pass: both
-        // lists are sorted by start.
-        let fresh = seen.iter().map(|&(s, e)| {
-            let lo = s & !(PAGE - 1);
-            let hi = (e.saturating_sub(1) | (PAGE - 1)).saturating_add(1);
-            (s.saturating_sub(MERGE_GAP / 2).max(lo), e.saturating_add(MERGE_GAP / 2).min(hi), 0u8)
-        });
-        let fault = st.fault;
-        let old = self.plan.iter().enumerate().filter(|&(i, r)| Some(i) != fault && r.2 + 1 < PLAN_KEEP_SAMPLES).map(|(_, &(s, e, age))| (s, e, age + 1));
-        let next = &mut self.next;
-        next.clear();
-        let mut push = |r: (u64, u64, u8)| match next.last_mut() {
-            Some(last) if r.0 <= last.1 + MERGE_GAP => {
-                last.1 = last.1.max(r.1);
-                last.2 = last.2.min(r.2);
-            }
-            _ => next.push(r),
-        };
-        let (mut a, mut b) = (fresh.peekable(), old.peekable());
-        loop {
-            let take_a = match (a.peek(), b.peek()) {
-                (Some(x), Some(y)) => x.0 <= y.0,
-                (Some(_), None) => true,
-                (None, Some(_)) => false,
-                (None, None) => break,
+        let st = &mut *st;
+        for p in 0..2 {
+            let seen = &mut st.seen[p];
+            seen.sort_unstable();
+            // This sample's ranges, each grown within its own pages (age 0), and
+            // the current plan's ranges one sample older, merged in one pass: both
+            // lists are sorted by start.
+            let fresh = seen.iter().map(|&(s, e)| {
+                let lo = s & !(PAGE - 1);
+                let hi = (e.saturating_sub(1) | (PAGE - 1)).saturating_add(1);
+                (s.saturating_sub(MERGE_GAP / 2).max(lo), e.saturating_add(MERGE_GAP / 2).min(hi), 0u8)
+            });
+            let fault = st.fault;
+            let old = self.plans[p]
+                .iter()
+                .enumerate()
+                .filter(|&(i, r)| fault != Some((p, i)) && r.2 + 1 < PLAN_KEEP_SAMPLES)
+                .map(|(_, &(s, e, age))| (s, e, age + 1));
+            let next = &mut self.next;
+            next.clear();
+            let mut push = |r: (u64, u64, u8)| match next.last_mut() {
+                Some(last) if r.0 <= last.1 + MERGE_GAP => {
+                    last.1 = last.1.max(r.1);
+                    last.2 = last.2.min(r.2);
+                }
+                _ => next.push(r),
             };
-            push(if take_a { a.next() } else { b.next() }.unwrap());
+            let (mut a, mut b) = (fresh.peekable(), old.peekable());
+            loop {
+                let take_a = match (a.peek(), b.peek()) {
+                    (Some(x), Some(y)) => x.0 <= y.0,
+                    (Some(_), None) => true,
+                    (None, Some(_)) => false,
+                    (None, None) => break,
+                };
+                push(if take_a { a.next() } else { b.next() }.unwrap());
+            }
+            let mut bytes = 0;
+            next.retain(|&(s, e, _)| {
+                bytes += e - s;
+                bytes <= MAX_PLAN_BYTES
+            });
+            next.truncate(MAX_PLAN_RANGES);
+            std::mem::swap(&mut self.plans[p], &mut self.next);
+            seen.clear();
         }
-        let mut bytes = 0;
-        next.retain(|&(s, e, _)| {
-            bytes += e - s;
-            bytes <= MAX_PLAN_BYTES
-        });
-        next.truncate(MAX_PLAN_RANGES);
-        std::mem::swap(&mut self.plan, &mut self.next);
-        seen.clear();
-        st.seen = seen;
     }
 
+    /// The view the walk reads thread states and frames through.
     pub fn view<'a>(&'a self, mem: &'a VmReader) -> SampleView<'a> {
-        SampleView { pf: self, mem }
+        SampleView { pf: self, mem, phase: Phase::Stack, fresh: false }
     }
 
     pub fn stats(&self) -> PrefetchStats {
@@ -179,51 +275,89 @@ impl Prefetcher {
     }
 }
 
-/// Remote memory as seen during one sample.
+/// Remote memory as seen during one sample, for one phase.
+#[derive(Clone, Copy)]
 pub struct SampleView<'a> {
     pf: &'a Prefetcher,
     mem: &'a VmReader,
+    phase: Phase,
+    /// Go to the kernel for every read (still planning what was read).
+    fresh: bool,
 }
 
-impl SampleView<'_> {
+impl<'a> SampleView<'a> {
+    /// The same sample seen by the code cache: served from the code phase.
+    /// `fresh`: serve nothing from the first call (reads in program order).
+    pub fn code(&self, fresh: bool) -> SampleView<'a> {
+        SampleView { phase: Phase::Code, fresh, ..*self }
+    }
+
     /// Note a range this sample read, for the next plan. Walks read
     /// neighbouring words one after another (a frame chunk, innermost frame
     /// first): a read is folded into the last one when nothing unmapped can
     /// lie between, so `end` has little to sort.
-    fn saw(st: &mut State, addr: u64, end: u64) {
-        match st.seen.last_mut() {
+    fn saw(seen: &mut Vec<(u64, u64)>, addr: u64, end: u64) {
+        match seen.last_mut() {
             Some(last) if addr <= last.1 + MERGE_GAP && end + MERGE_GAP >= last.0 => {
                 last.0 = last.0.min(addr);
                 last.1 = last.1.max(end);
             }
-            _ => st.seen.push((addr, end)),
+            _ => seen.push((addr, end)),
         }
+    }
+
+    /// The held range of this phase covering `addr..end`.
+    fn held(st: &State, phase: Phase, addr: u64, end: u64) -> Option<(u64, u64, usize, u64)> {
+        let held = &st.held[phase as usize];
+        // Ranges are sorted and disjoint: binary search the one starting at or before addr.
+        let i = held.partition_point(|r| r.0 <= addr);
+        (i > 0 && end <= held[i - 1].1).then(|| held[i - 1])
     }
 }
 
 impl RemoteMemory for SampleView<'_> {
+    fn read_time(&self, addr: u64, len: usize) -> (u64, Option<(u64, u64)>) {
+        let st = self.pf.state.borrow();
+        match Self::held(&st, self.phase, addr, addr.saturating_add(len as u64)) {
+            Some((s, e, _, t)) if !self.fresh => (t, Some((s, e))),
+            // Not held: read from the kernel just now, by the last call made.
+            _ => (read_time(self.mem.syscalls(), 0), None),
+        }
+    }
+
+    /// Fresh: one call for all of them, in order (the kernel copies iovecs in
+    /// array order, so a later request is read after an earlier one).
+    fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> Result<()> {
+        if !self.fresh {
+            return reqs.iter_mut().try_for_each(|(a, b)| self.read(*a, b));
+        }
+        self.mem.read_many(reqs)?;
+        let mut st = self.pf.state.borrow_mut();
+        for (a, b) in reqs.iter() {
+            Self::saw(&mut st.seen[self.phase as usize], *a, a + b.len() as u64);
+        }
+        Ok(())
+    }
+
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
         let end = addr.saturating_add(buf.len() as u64);
-        {
+        let p = self.phase as usize;
+        if !self.fresh {
             let mut st = self.pf.state.borrow_mut();
-            // Ranges are sorted and disjoint: binary search the one starting at or before addr.
-            let i = st.ranges.partition_point(|r| r.0 <= addr);
-            if i > 0 {
-                let (s, e, off) = st.ranges[i - 1];
-                if end <= e {
-                    let from = off + (addr - s) as usize;
-                    buf.copy_from_slice(&st.data[from..from + buf.len()]);
-                    st.hits += 1;
-                    Self::saw(&mut st, addr, end);
-                    return Ok(());
-                }
+            let st = &mut *st;
+            if let Some((s, _, off, _)) = Self::held(st, self.phase, addr, end) {
+                let from = off + (addr - s) as usize;
+                buf.copy_from_slice(&st.data[from..from + buf.len()]);
+                st.hits += 1;
+                Self::saw(&mut st.seen[p], addr, end);
+                return Ok(());
             }
             st.misses += 1;
         }
         // Only memory that could be read goes into the plan: one unmapped
         // range there would void every range after it in the next sample.
         self.mem.read(addr, buf)?;
-        Self::saw(&mut self.pf.state.borrow_mut(), addr, end);
+        Self::saw(&mut self.pf.state.borrow_mut().seen[p], addr, end);
         Ok(())
     }
 }
