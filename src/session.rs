@@ -12,7 +12,7 @@ use crate::native::{NativeRaw, NativeState, ptrace};
 use crate::process::memory::RemoteMemory;
 use crate::process::prefetch::Prefetcher;
 use crate::process::{task_comm, task_state};
-use crate::python::code::CodeCache;
+use crate::python::code::{CodeCache, Generations, Sources};
 use crate::python::frames::{EvalGroup, Frame, FrameWalker};
 use crate::python::thread_names::NameCache;
 use crate::python::threads::{ThreadState, find_pthread_tid_offset, gil_holder, thread_states};
@@ -172,7 +172,7 @@ impl Session {
         // can name a frame popped before the chunk holding it was copied. Every
         // walk is therefore re-checked, in one more syscall, before it counts.
         if result.is_ok() {
-            if let Err(e) = self.walker.verify(&self.attached.mem) {
+            if let Err(e) = self.walker.verify(&self.attached.mem, self.codes.unproven()) {
                 if let Ok(torn) = std::mem::replace(&mut result, Err(e)) {
                     self.recycle(torn);
                 }
@@ -228,6 +228,8 @@ impl Session {
         let a = &self.attached;
         let o = &a.offsets;
         let view = self.prefetch.view(&a.mem);
+        let (code_view, code_fresh) = (view.code(false), view.code(true));
+        let code = Sources { held: &code_view, fresh: &code_fresh, gens_at: self.prefetch.tail_time() };
         let mem: &dyn RemoteMemory = &view;
         thread_states(mem, o, a.runtime, &mut self.states, &mut self.ts_buf)?;
         if let Some(chunk_off) = o.thread.datastack_chunk {
@@ -270,7 +272,13 @@ impl Session {
             // Not cleared: the walk overwrites the last sample's frames in place.
             let mut slot = spare.get_mut(i).map(std::mem::take).unwrap_or_default();
             self.walker.note(ts.frame_field, ts.frame);
-            self.walker.walk(mem, o, &mut self.codes, ts.frame, &mut slot.frames)?;
+            let gen_word = o.interp.code_object_generation.map(|off| ts.interp + off);
+            let gens = Generations {
+                interp: ts.interp,
+                before: gen_word.and_then(|w| self.prefetch.tail_word_before(w)),
+                after: gen_word.and_then(|w| self.prefetch.tail_word(w)),
+            };
+            self.walker.walk(mem, &code, o, &mut self.codes, gens, ts.frame, &mut slot.frames)?;
             if self.native.is_some() {
                 let i = out.len();
                 if self.groups.len() <= i {
@@ -285,6 +293,10 @@ impl Session {
         }
         spare.clear();
         self.spare_out = spare;
+        if let Some(off) = o.interp.code_object_generation {
+            // Each interpreter's counter, read last in the next sample's call.
+            self.prefetch.set_tail(self.states.iter().map(|t| t.interp + off));
+        }
         Ok(out)
     }
 }

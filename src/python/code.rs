@@ -1,15 +1,42 @@
-//! Code objects: read once, cached by remote address. A cached entry is only
-//! reused while the object at that address still looks like the same code
-//! object (same type, name, filename and line-table pointers), which catches a
-//! freed code object whose memory now holds another one.
+//! Code objects: read once, cached by remote address. A freed code object's
+//! address is soon taken by a new one (pymalloc hands back the block freed
+//! last), often with its name string at the old name's address too, so equal
+//! pointers prove nothing. An entry is used only with proof that it
+//! describes the object at its address:
+//! - 3.14+: the interpreter's count of code objects freed
+//!   (`_code_object_generation`, bumped first thing in `code_dealloc`), read
+//!   after the frame, is the same as before the entry's last check. Nothing
+//!   was freed in between, so nothing took the address; no read of the
+//!   object at all, which is what makes a deep stack cheap (each object costs
+//!   a page, and pages are what a `process_vm_readv` pays for).
+//! - 3.12+: the same `co_version`, a serial number each new code object takes
+//!   from a counter that never repeats (per interpreter from 3.13, so the
+//!   interpreter is part of the check); 0 means the counter ran out.
+//! - Otherwise (≤ 3.11, or an exhausted counter): the same name string, by
+//!   its cached hash where CPython has computed it (always for interned
+//!   names, which `def` names are) and its first 8 characters. This is the one
+//!   check short of proof: a function recompiled at the same address under
+//!   the same name, with its file-name and line-table objects at the old
+//!   ones' addresses too, would keep the old lines. Comparing those contents
+//!   every sample was tried: it cost a 3-deep 3.9 stack half again (three
+//!   more pages per code object).
+//!
+//! The last two check the object as read in the sample's first call, which
+//! may be a moment before the frame naming it. What closes that gap is the
+//! snapshot's re-read (`FrameWalker::verify`): each object's [`Ident`] words
+//! join the words it re-reads, so a stack whose code object was replaced
+//! meanwhile fails there, and cannot pass as equal to a stack verified before
+//! either (an `Ident` never comes back once its object is gone). A new entry is
+//! read in program order, object, strings, object again, and has nothing
+//! earlier to stand on: [`CodeCache::unproven`] then asks for the full re-read.
 
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::offsets::Offsets;
+use crate::offsets::{ObjectOffsets, Offsets};
 use crate::process::memory::{RemoteMemory, field_u32, field_u64};
-use crate::python::strings::{read_bytes, read_unicode};
+use crate::python::strings::{bytes_len, check_pointer, decode_unicode, unicode_head_len, unicode_shape};
 
 #[derive(Debug)]
 pub struct CodeInfo {
@@ -20,7 +47,7 @@ pub struct CodeInfo {
     pub linetable: Box<[u8]>,
 }
 
-/// The pointer fields that identify a code object; compared on cache hits.
+/// The fields read from the code object itself; compared on every check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Fingerprint {
     ob_type: u64,
@@ -28,6 +55,12 @@ struct Fingerprint {
     filename: u64,
     linetable: u64,
     firstlineno: u32,
+    /// `co_version`, 0 where there is none.
+    version: u32,
+    /// The aligned word holding it (see `Ident`).
+    version_word: u64,
+    /// The interpreter whose thread ran it (versions are per interpreter).
+    interp: u64,
 }
 
 #[derive(Default, Debug, Clone, Copy)]
@@ -35,6 +68,62 @@ pub struct CodeCacheStats {
     pub hits: u64,
     pub misses: u64,
     pub stale: u64,
+    /// Checks that had to go by the name (no `co_version`).
+    pub name_checks: u64,
+    /// Hits proven by the code-object generation, without reading the object.
+    pub generation_hits: u64,
+    /// Code objects read to check their fingerprint.
+    pub reads: u64,
+}
+
+/// One interpreter's code-object generation as this sample knows it.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Generations {
+    pub interp: u64,
+    /// Read before any byte of this sample: entries checked in this sample are
+    /// stamped with it.
+    pub before: Option<u64>,
+    /// Read after the frame that names the code object (None when the frame
+    /// was not, or the version has no counter): an entry stamped with the
+    /// same value needs no read.
+    pub after: Option<u64>,
+}
+
+/// Words that change when another code object takes an entry's address,
+/// for the snapshot's re-read (`FrameWalker::verify`) to check: link words
+/// alone (frame → code pointer) are the same for the new object.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Ident {
+    words: [(u64, u64); 3],
+    n: u8,
+}
+
+impl Ident {
+    /// (address, value) pairs.
+    pub fn words(&self) -> &[(u64, u64)] {
+        &self.words[..self.n as usize]
+    }
+}
+
+/// Where code objects can be read for one sample.
+pub struct Sources<'a> {
+    /// The sample's code phase.
+    pub held: &'a dyn RemoteMemory,
+    /// The kernel, now, in program order.
+    pub fresh: &'a dyn RemoteMemory,
+    /// When `Generations::after` was read (a read time, see
+    /// `process::prefetch::read_time`).
+    pub gens_at: u64,
+}
+
+struct Entry {
+    fp: Fingerprint,
+    ident: Ident,
+    info: Arc<CodeInfo>,
+    /// The snapshot that last validated it.
+    epoch: u64,
+    /// (interpreter, code-object generation read before the last fingerprint check).
+    stamp: Option<(u64, u64)>,
 }
 
 /// Bounded so a program that creates code objects forever cannot grow us forever.
@@ -42,15 +131,16 @@ const MAX_ENTRIES: usize = 1 << 16;
 
 #[derive(Default)]
 pub struct CodeCache {
-    /// addr → (fingerprint, info, epoch of the snapshot that last validated it).
-    entries: HashMap<u64, (Fingerprint, Arc<CodeInfo>, u64)>,
+    entries: HashMap<u64, Entry>,
     epoch: u64,
     /// Type objects known to be `code` (there is one per interpreter build).
     code_types: Vec<u64>,
     head: Vec<u8>,
-    /// The last entry returned (address, epoch, info): deep recursion asks
-    /// for the same code object frame after frame.
-    last: Option<(u64, u64, Arc<CodeInfo>)>,
+    /// The last entry returned (address, epoch, info, ident): deep
+    /// recursion asks for the same code object frame after frame.
+    last: Option<(u64, u64, Arc<CodeInfo>, Ident)>,
+    /// An entry was made or replaced in this snapshot.
+    unproven: bool,
     pub stats: CodeCacheStats,
 }
 
@@ -60,67 +150,157 @@ impl CodeCache {
     /// (it cannot be freed while a frame we just read still references it).
     pub fn begin_snapshot(&mut self) {
         self.epoch += 1;
+        self.unproven = false;
     }
 
-    /// The code object at `addr`, validated in this snapshot. Borrowed, not
-    /// cloned: a walk asks once per frame, and each `Arc` clone and drop is
-    /// an atomic operation.
-    pub fn get(&mut self, mem: &dyn RemoteMemory, o: &Offsets, addr: u64) -> Result<&Arc<CodeInfo>> {
+    /// Whether this snapshot used an entry made from its own reads only (a
+    /// code object first seen, or one that replaced another at its address):
+    /// nothing proves the frame that named it named that very object, so the
+    /// snapshot must be re-read in full before it counts.
+    pub fn unproven(&self) -> bool {
+        self.unproven
+    }
+
+    /// The code object at `addr`, for a frame read at `frame_at` (a read
+    /// time). An entry checked earlier in this snapshot serves without
+    /// another check. Borrowed, not cloned: a walk asks once per frame, and
+    /// each `Arc` clone and drop is an atomic operation. `gens` is asked only
+    /// when a check is due.
+    pub fn get(&mut self, src: &Sources, o: &Offsets, addr: u64, frame_at: u64, gens: impl FnOnce() -> Generations) -> Result<(&Arc<CodeInfo>, Ident)> {
         if addr == 0 || addr % 8 != 0 {
             return Err(Error::Corrupt(format!("bad code pointer {addr:#x}")));
         }
         let epoch = self.epoch;
-        if matches!(&self.last, Some((a, e, _)) if *a == addr && *e == epoch) {
+        if matches!(&self.last, Some((a, e, _, _)) if *a == addr && *e == epoch) {
             self.stats.hits += 1;
-            return Ok(&self.last.as_ref().unwrap().2);
+            let last = self.last.as_ref().unwrap();
+            return Ok((&last.2, last.3));
         }
-        let info = self.lookup(mem, o, addr)?;
-        self.last = Some((addr, epoch, info));
-        Ok(&self.last.as_ref().unwrap().2)
+        let (info, ident) = self.lookup(src, o, addr, frame_at, gens())?;
+        self.last = Some((addr, epoch, info, ident));
+        Ok((&self.last.as_ref().unwrap().2, ident))
     }
 
-    fn lookup(&mut self, mem: &dyn RemoteMemory, o: &Offsets, addr: u64) -> Result<Arc<CodeInfo>> {
-        if let Some((_, info, epoch)) = self.entries.get(&addr) {
-            if *epoch == self.epoch {
+    fn lookup(&mut self, src: &Sources, o: &Offsets, addr: u64, frame_at: u64, gens: Generations) -> Result<(Arc<CodeInfo>, Ident)> {
+        let epoch = self.epoch;
+        if let Some(e) = self.entries.get_mut(&addr) {
+            if e.epoch == epoch {
                 self.stats.hits += 1;
-                return Ok(info.clone());
+                return Ok((e.info.clone(), e.ident));
+            }
+            // The counter must have been read after the frame.
+            if frame_at < src.gens_at && gens.after.is_some() && e.stamp == gens.after.map(|g| (gens.interp, g)) {
+                e.epoch = epoch;
+                self.stats.hits += 1;
+                self.stats.generation_hits += 1;
+                return Ok((e.info.clone(), e.ident));
             }
         }
+        let mem = src.held;
+        let fp = self.fingerprint(mem, o, addr, gens.interp)?;
+        let stamp = gens.before.map(|g| (gens.interp, g));
+        let ident = ident_of(mem, o, addr, &fp)?;
+        if let Some(e) = self.entries.get_mut(&addr) {
+            let same = e.fp == fp
+                && (fp.version != 0 || {
+                    self.stats.name_checks += 1;
+                    e.ident == ident
+                });
+            if same {
+                e.epoch = epoch;
+                e.stamp = stamp;
+                e.ident = ident;
+                self.stats.hits += 1;
+                return Ok((e.info.clone(), ident));
+            }
+            self.stats.stale += 1;
+        }
+        self.stats.misses += 1;
+        self.unproven = true;
+        let (fp, ident, info) = self.build(src.fresh, o, addr, gens.interp)?;
+        if self.entries.len() >= MAX_ENTRIES {
+            self.entries.clear();
+        }
+        self.entries.insert(addr, Entry { fp, ident, info: info.clone(), epoch, stamp });
+        Ok((info, ident))
+    }
+
+    /// The code object's own fields, read in one go.
+    fn fingerprint(&mut self, mem: &dyn RemoteMemory, o: &Offsets, addr: u64, interp: u64) -> Result<Fingerprint> {
         let mut head = std::mem::take(&mut self.head);
         head.resize(o.code.size as usize, 0);
         let read = mem.read(addr, &mut head);
         self.head = head;
         read?;
-        let head = &self.head;
-        let fp = Fingerprint {
-            ob_type: field_u64(head, o.object.ob_type as usize),
-            name: field_u64(head, o.code.qualname.unwrap_or(o.code.name) as usize),
-            filename: field_u64(head, o.code.filename as usize),
-            linetable: field_u64(head, o.code.linetable as usize),
-            firstlineno: field_u32(head, o.code.firstlineno as usize),
-        };
-        let epoch = self.epoch;
-        if let Some((cached, info, seen)) = self.entries.get_mut(&addr) {
-            if *cached == fp {
-                *seen = epoch;
-                self.stats.hits += 1;
-                return Ok(info.clone());
-            }
-            self.stats.stale += 1;
-        }
-        self.stats.misses += 1;
+        self.stats.reads += 1;
+        Ok(parse_fingerprint(o, &self.head, interp))
+    }
+
+    /// A new entry, read in program order through `mem` (the kernel, not the
+    /// sample's first call, whose ranges were copied in address order), in
+    /// three calls: the object; the headers of its strings and line table;
+    /// their contents followed, in the same call and so read after them, by
+    /// everything read before and the contents again. Contents read while
+    /// another object took the address would otherwise be filed under the
+    /// new object's identity for good; here any change shows as a difference
+    /// and the read is torn.
+    fn build(&mut self, mem: &dyn RemoteMemory, o: &Offsets, addr: u64, interp: u64) -> Result<(Fingerprint, Ident, Arc<CodeInfo>)> {
+        let fp = self.fingerprint(mem, o, addr, interp)?;
+        check_pointer(fp.name, "str")?;
+        check_pointer(fp.filename, "str")?;
+        check_pointer(fp.linetable, "bytes")?;
         self.check_type(mem, o, fp.ob_type)?;
-        let info = Arc::new(CodeInfo {
-            name: read_unicode(mem, &o.object, fp.name)?.into(),
-            filename: read_unicode(mem, &o.object, fp.filename)?.into(),
-            firstlineno: fp.firstlineno as i32,
-            linetable: read_bytes(mem, &o.object, fp.linetable)?.into_boxed_slice(),
-        });
-        if self.entries.len() >= MAX_ENTRIES {
-            self.entries.clear();
+        let ob = &o.object;
+        let hl = unicode_head_len(ob);
+        let (mut name_head, mut file_head, mut lt_size) = ([0u8; 128], [0u8; 128], [0u8; 8]);
+        mem.read_many(&mut [(fp.name, &mut name_head[..hl]), (fp.filename, &mut file_head[..hl]), (fp.linetable + ob.bytes_ob_size, &mut lt_size)])?;
+        let name_shape = unicode_shape(ob, fp.name, &name_head)?;
+        let file_shape = unicode_shape(ob, fp.filename, &file_head)?;
+        let lt_len = bytes_len(fp.linetable, u64::from_le_bytes(lt_size))?;
+        let (mut name, mut file, mut linetable) = (vec![0u8; name_shape.len], vec![0u8; file_shape.len], vec![0u8; lt_len]);
+        let mut head = vec![0u8; o.code.size as usize];
+        let (mut name_head2, mut file_head2, mut lt_size2, mut first8) = ([0u8; 128], [0u8; 128], [0u8; 8], [0u8; 8]);
+        let (mut name2, mut file2, mut linetable2) = (name.clone(), file.clone(), linetable.clone());
+        mem.read_many(&mut [
+            (fp.name + name_shape.data_at, &mut name),
+            (fp.filename + file_shape.data_at, &mut file),
+            (fp.linetable + ob.bytes_ob_sval, &mut linetable),
+            (addr, &mut head),
+            (fp.name, &mut name_head2[..hl]),
+            (fp.filename, &mut file_head2[..hl]),
+            (fp.linetable + ob.bytes_ob_size, &mut lt_size2),
+            (fp.name + name_shape.data_at, &mut first8),
+            (fp.name + name_shape.data_at, &mut name2),
+            (fp.filename + file_shape.data_at, &mut file2),
+            (fp.linetable + ob.bytes_ob_sval, &mut linetable2),
+        ])?;
+        let same = parse_fingerprint(o, &head, interp) == fp
+            && (name_head2, file_head2, lt_size2) == (name_head, file_head, lt_size)
+            && (&name2, &file2, &linetable2) == (&name, &file, &linetable);
+        if !same {
+            return Err(Error::Corrupt(format!("code object at {addr:#x} changed while read")));
         }
-        self.entries.insert(addr, (fp, info.clone(), epoch));
-        Ok(info)
+        let ident = match o.code.version {
+            Some(off) if fp.version != 0 => Ident { words: [(addr + (off & !7), fp.version_word), (0, 0), (0, 0)], n: 1 },
+            _ => {
+                let hash_at = ob.unicode_length + 8;
+                Ident {
+                    words: [
+                        (addr + o.code.qualname.unwrap_or(o.code.name), fp.name),
+                        (fp.name + hash_at, field_u64(&name_head2, hash_at as usize)),
+                        (fp.name + name_shape.data_at, u64::from_le_bytes(first8)),
+                    ],
+                    n: 3,
+                }
+            }
+        };
+        let info = Arc::new(CodeInfo {
+            name: decode_unicode(name_shape, &name).into(),
+            filename: decode_unicode(file_shape, &file).into(),
+            firstlineno: fp.firstlineno as i32,
+            linetable: linetable.into_boxed_slice(),
+        });
+        Ok((fp, ident, info))
     }
 
     /// 3.13+ frames may hold non-code executables; garbage may hold anything.
@@ -140,4 +320,45 @@ impl CodeCache {
         self.code_types.push(ty);
         Ok(())
     }
+}
+
+fn parse_fingerprint(o: &Offsets, head: &[u8], interp: u64) -> Fingerprint {
+    Fingerprint {
+        ob_type: field_u64(head, o.object.ob_type as usize),
+        name: field_u64(head, o.code.qualname.unwrap_or(o.code.name) as usize),
+        filename: field_u64(head, o.code.filename as usize),
+        linetable: field_u64(head, o.code.linetable as usize),
+        firstlineno: field_u32(head, o.code.firstlineno as usize),
+        version: o.code.version.map_or(0, |off| field_u32(head, off as usize)),
+        version_word: o.code.version.map_or(0, |off| field_u64(head, (off & !7) as usize)),
+        interp,
+    }
+}
+
+fn ident_of(mem: &dyn RemoteMemory, o: &Offsets, addr: u64, fp: &Fingerprint) -> Result<Ident> {
+    Ok(match o.code.version {
+        // The aligned word holding co_version; its other half is
+        // co_nfreevars in every version that has one, also fixed for the
+        // object's life, so the word changes only with the object.
+        Some(off) if fp.version != 0 => Ident { words: [(addr + (off & !7), fp.version_word), (0, 0), (0, 0)], n: 1 },
+        _ => {
+            let [hash, data] = name_ident(mem, &o.object, fp.name)?;
+            // The name pointer too: a new object may name another string.
+            let name_at = addr + o.code.qualname.unwrap_or(o.code.name);
+            Ident { words: [(name_at, fp.name), hash, data], n: 3 }
+        }
+    })
+}
+
+/// Without `co_version`: the name string's cached hash (set once computed;
+/// every interned name has one) and its first 8 bytes of characters (within
+/// the object: CPython allocates in 16-byte steps past a 40-byte or larger
+/// header), which another function's name at the same address will not share.
+fn name_ident(mem: &dyn RemoteMemory, o: &ObjectOffsets, name: u64) -> Result<[(u64, u64); 2]> {
+    // PyASCIIObject: PyObject_HEAD, length, hash, state: the same order 3.8–3.15.
+    let hash_at = name + o.unicode_length + 8;
+    let state = mem.read_u32(name + o.unicode_state)?;
+    let ascii = (state >> 6) & 1 == 1;
+    let data_at = name + if ascii { o.unicode_ascii_size } else { o.unicode_compact_size };
+    Ok([(hash_at, mem.read_u64(hash_at)?), (data_at, mem.read_u64(data_at)?)])
 }

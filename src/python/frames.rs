@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::offsets::{FrameKind, LastiUnit, Offsets};
 use crate::process::memory::{RemoteMemory, field_u8, field_u32, field_u64};
-use crate::python::code::{CodeCache, CodeInfo};
+use crate::python::code::{CodeCache, CodeInfo, Generations, Sources};
 
 /// Deeper than CPython's default recursion limit allows, with room to spare.
 pub const MAX_DEPTH: usize = 8192;
@@ -48,6 +48,11 @@ pub struct FrameWalker {
     links: Vec<(u64, u64)>,
     /// Indices in `links` of the current-frame pointers (re-read twice).
     heads: Vec<usize>,
+    /// Words that identify each code object the walks named (`code::Ident`),
+    /// checked with the links.
+    idents: Vec<(u64, u64)>,
+    /// Scratch for `verify`: (start, end, offset in `check`) of each span read.
+    spans: Vec<(u64, u64, usize)>,
     /// Links of the last few distinct snapshots that passed verification,
     /// most recent first. A program alternating between a handful of stacks
     /// (a loop calling a short function) matches one of them on most samples.
@@ -103,6 +108,28 @@ fn put_frame(out: &mut Vec<Frame>, i: usize, code: &CodeInfo, line: i32) {
     }
 }
 
+/// Words closer than this are re-read as one span (a gap this small cannot
+/// hide an unmapped page).
+const SPAN_GAP: u64 = 256;
+
+/// Append the 8-byte words at `addrs` to `out` as sorted, merged spans.
+fn push_spans(out: &mut Vec<(u64, u64, usize)>, addrs: impl Iterator<Item = u64>) {
+    let start = out.len();
+    out.extend(addrs.map(|a| (a, a + 8, 0)));
+    out[start..].sort_unstable();
+    let mut w = start;
+    for r in start..out.len() {
+        let (s, e, _) = out[r];
+        if w > start && s <= out[w - 1].1 + SPAN_GAP {
+            out[w - 1].1 = out[w - 1].1.max(e);
+        } else {
+            out[w] = (s, e, 0);
+            w += 1;
+        }
+    }
+    out.truncate(w);
+}
+
 /// Brent's cycle detection: O(1) memory and a compare per frame, instead of a
 /// set of every address seen. A cycle is caught within twice its length.
 struct CycleCheck {
@@ -135,6 +162,7 @@ impl FrameWalker {
     pub fn begin(&mut self) {
         self.links.clear();
         self.heads.clear();
+        self.idents.clear();
     }
 
     /// Remember that the word at `addr` held `value` (e.g. a thread's
@@ -150,12 +178,19 @@ impl FrameWalker {
     /// they are unchanged. A walk that raced the target (frames popped and
     /// reused under it, which can splice two stacks into one that never
     /// existed) fails here and is retried or counted, never recorded.
-    pub fn verify(&mut self, mem: &crate::process::memory::VmReader) -> Result<()> {
+    /// `full`: re-read even a snapshot equal to a verified one (its code
+    /// objects were not all proven, see `CodeCache::unproven`).
+    pub fn verify(&mut self, mem: &crate::process::memory::VmReader, full: bool) -> Result<()> {
+        // The code objects' identities count as links from here on (kept at
+        // the end, read first: see below).
+        let n = self.links.len();
+        self.links.extend_from_slice(&self.idents);
         // Every word equal to those of a recently verified snapshot: this is
         // a stack already proven to exist (only the innermost line may differ,
         // and that one is never checked). Steady programs stay at one read.
         let hash = self.links.iter().fold(0u64, |h, &(a, v)| (h.rotate_left(5) ^ a ^ v.rotate_left(32)).wrapping_mul(0x517C_C1B7_2722_0A95));
-        if let Some(i) = self.verified.iter().position(|(h, v)| *h == hash && *v == self.links) {
+        let known = self.verified.iter().position(|(h, v)| *h == hash && *v == self.links);
+        if let (Some(i), false) = (known, full) {
             self.verified[..=i].rotate_right(1);
             return Ok(());
         }
@@ -164,24 +199,49 @@ impl FrameWalker {
         // the target popped the callee, returned from and re-entered the
         // caller, and called the same frame again, all within this one
         // syscall (frames read *before* the pointer would instead let plain
-        // forward progress, caller-then-call, confirm a tear).
-        let n = self.links.len();
-        self.check.resize((n + self.heads.len()) * 8, 0);
-        let (main, tail) = self.check.split_at_mut(n * 8);
-        let mut reqs: Vec<(u64, &mut [u8])> = self.links.iter().map(|&(a, _)| a).zip(main.chunks_mut(8)).collect();
-        reqs.extend(self.heads.iter().map(|&i| self.links[i].0).zip(tail.chunks_mut(8)));
-        let want = reqs.len() * 8;
-        if mem.read_partial(&mut reqs) != want {
+        // forward progress, caller-then-call, confirm a tear). Code identities
+        // only need reading after the walk's own reads, so they go before the
+        // first pointer, outside the window a moving stack has to tear in.
+        // Words are read as merged spans, not one iovec each: the kernel pins
+        // pages per iovec, and 300 single words of a deep stack took ~30 µs,
+        // a window that a stack calling every few µs tore almost every time.
+        let spans = &mut self.spans;
+        spans.clear();
+        push_spans(spans, self.links[n..].iter().map(|w| w.0));
+        let heads_at = spans.len();
+        push_spans(spans, self.heads.iter().map(|&i| self.links[i].0));
+        let frames_at = spans.len();
+        push_spans(spans, self.links[..n].iter().map(|w| w.0));
+        let frames_end = spans.len();
+        spans.extend_from_within(heads_at..frames_at);
+        let mut total = 0usize;
+        for sp in spans.iter_mut() {
+            sp.2 = total;
+            total += (sp.1 - sp.0) as usize;
+        }
+        self.check.resize(total, 0);
+        let base = self.check.as_mut_ptr();
+        // SAFETY: each span's destination is its own slice of `check`, sized above.
+        let got = unsafe { mem.read_ranges(spans.iter().map(|&(s, e, off)| (s, base.add(off), (e - s) as usize))) };
+        if got != total {
             return Err(Error::Corrupt("stack changed while read (memory gone)".into()));
         }
-        drop(reqs);
-        let expected = self.links.iter().map(|&(a, v)| (a, v)).chain(self.heads.iter().map(|&i| self.links[i]));
-        for (i, (addr, value)) in expected.enumerate() {
-            if field_u64(&self.check, i * 8) != value {
-                return Err(Error::Corrupt(format!("stack changed while read (word at {addr:#x})")));
-            }
+        let word = |set: &[(u64, u64, usize)], addr: u64| {
+            let i = set.partition_point(|sp| sp.0 <= addr) - 1;
+            field_u64(&self.check, set[i].2 + (addr - set[i].0) as usize)
+        };
+        let (idents, heads, frames, heads2) = (&spans[..heads_at], &spans[heads_at..frames_at], &spans[frames_at..frames_end], &spans[frames_end..]);
+        let changed = self.links[n..]
+            .iter()
+            .find(|w| word(idents, w.0) != w.1)
+            .or_else(|| self.links[..n].iter().find(|w| word(frames, w.0) != w.1))
+            .or_else(|| self.heads.iter().map(|&i| &self.links[i]).find(|w| word(heads, w.0) != w.1 || word(heads2, w.0) != w.1));
+        if let Some((addr, _)) = changed {
+            return Err(Error::Corrupt(format!("stack changed while read (word at {addr:#x})")));
         }
-        if self.verified.len() < VERIFIED_KEPT {
+        if let Some(i) = known {
+            self.verified[..=i].rotate_right(1);
+        } else if self.verified.len() < VERIFIED_KEPT {
             self.verified.insert(0, (hash, self.links.clone()));
         } else {
             // Reuse the oldest entry's allocation.
@@ -196,13 +256,30 @@ impl FrameWalker {
     /// back the last sample's vector lets frames that did not change keep
     /// their shared strings, so a steady stack costs no reference-count
     /// traffic (at depth 100 the clones and drops were a fifth of a sample).
-    pub fn walk(&mut self, mem: &dyn RemoteMemory, o: &Offsets, codes: &mut CodeCache, mut frame: u64, out: &mut Vec<Frame>) -> Result<()> {
+    /// Frames are read through `mem`, code objects from `code` (see
+    /// `python::code` for why the order of the two matters); `gens` is the
+    /// thread's interpreter's code-object generation.
+    #[allow(clippy::too_many_arguments)]
+    pub fn walk(
+        &mut self,
+        mem: &dyn RemoteMemory,
+        code: &Sources,
+        o: &Offsets,
+        codes: &mut CodeCache,
+        gens: Generations,
+        mut frame: u64,
+        out: &mut Vec<Frame>,
+    ) -> Result<()> {
         self.buf.resize(o.frame.size as usize, 0);
         self.groups.clear();
         let mut n = 0usize;
         let mut cycle = CycleCheck::new();
         let mut visited = 0usize;
         let mut first = true;
+        // The held range the last frame lay in, and its read time: a walk
+        // stays inside one chunk, so most frames need no lookup.
+        let mut held: Option<(u64, u64, u64)> = None;
+        let mut last_code = 0u64;
         while frame != 0 {
             visited += 1;
             if visited > MAX_DEPTH {
@@ -256,7 +333,21 @@ impl FrameWalker {
                 frame = previous;
                 continue;
             }
-            let code = codes.get(mem, o, code_addr)?;
+            let len = self.buf.len() as u64;
+            let frame_at = match held {
+                Some((s, e, t)) if s <= frame && frame + len <= e => t,
+                _ => {
+                    let (t, range) = mem.read_time(frame, len as usize);
+                    held = range.map(|(s, e)| (s, e, t));
+                    t
+                }
+            };
+            let (code, ident) = codes.get(code, o, code_addr, frame_at, || gens)?;
+            // Recursion names one code object frame after frame: once is enough.
+            if code_addr != last_code {
+                self.idents.extend_from_slice(ident.words());
+                last_code = code_addr;
+            }
             let instr = match o.layout.lasti {
                 LastiUnit::Bytes | LastiUnit::CodeUnits => field_u32(buf, o.frame.instr as usize) as i32,
                 LastiUnit::InstrPtr => {

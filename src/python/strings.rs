@@ -10,15 +10,24 @@ pub const MAX_STR_CHARS: u64 = 4096;
 /// Longest line table we accept.
 pub const MAX_BYTES: u64 = 1 << 20;
 
-pub fn read_unicode(mem: &dyn RemoteMemory, o: &ObjectOffsets, addr: u64) -> Result<String> {
-    if addr == 0 || addr % 8 != 0 {
-        return Err(Error::Corrupt(format!("bad str pointer {addr:#x}")));
-    }
-    let mut head = [0u8; 128];
-    let head_len = (o.unicode_compact_size as usize).min(head.len());
-    mem.read(addr, &mut head[..head_len])?;
-    let state = field_u32(&head, o.unicode_state as usize);
-    let length = field_u64(&head, o.unicode_length as usize);
+/// Bytes of a `str`'s header worth reading: the compact header.
+pub fn unicode_head_len(o: &ObjectOffsets) -> usize {
+    (o.unicode_compact_size as usize).min(128)
+}
+
+/// Where a compact `str`'s characters are, from its header: (offset from the
+/// object, byte length, bytes per character, ASCII).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StrShape {
+    pub data_at: u64,
+    pub len: usize,
+    pub kind: u32,
+    pub ascii: bool,
+}
+
+pub fn unicode_shape(o: &ObjectOffsets, addr: u64, head: &[u8]) -> Result<StrShape> {
+    let state = field_u32(head, o.unicode_state as usize);
+    let length = field_u64(head, o.unicode_length as usize);
     // PyASCIIObject.state bit-fields (stable 3.8–3.15, default builds):
     // interned:2, kind:3, compact:1, ascii:1, ...
     let kind = (state >> 2) & 0x7;
@@ -28,23 +37,46 @@ pub fn read_unicode(mem: &dyn RemoteMemory, o: &ObjectOffsets, addr: u64) -> Res
         return Err(Error::Corrupt(format!("str at {addr:#x}: state {state:#x}, length {length}")));
     }
     let data_at = if ascii { o.unicode_ascii_size } else { o.unicode_compact_size };
-    let mut data = vec![0u8; (length * kind as u64) as usize];
-    mem.read(addr + data_at, &mut data)?;
-    Ok(match kind {
-        1 if ascii => String::from_utf8_lossy(&data).into_owned(),
+    Ok(StrShape { data_at, len: (length * kind as u64) as usize, kind, ascii })
+}
+
+pub fn decode_unicode(shape: StrShape, data: &[u8]) -> String {
+    match shape.kind {
+        1 if shape.ascii => String::from_utf8_lossy(data).into_owned(),
         1 => data.iter().map(|&b| b as char).collect(),
         2 => data.chunks_exact(2).map(|c| char::from_u32(u16::from_le_bytes([c[0], c[1]]) as u32).unwrap_or('\u{fffd}')).collect(),
         _ => data.chunks_exact(4).map(|c| char::from_u32(u32::from_le_bytes(c.try_into().unwrap())).unwrap_or('\u{fffd}')).collect(),
-    })
+    }
+}
+
+pub fn check_pointer(addr: u64, what: &str) -> Result<()> {
+    if addr == 0 || addr % 8 != 0 {
+        return Err(Error::Corrupt(format!("bad {what} pointer {addr:#x}")));
+    }
+    Ok(())
+}
+
+pub fn read_unicode(mem: &dyn RemoteMemory, o: &ObjectOffsets, addr: u64) -> Result<String> {
+    check_pointer(addr, "str")?;
+    let mut head = [0u8; 128];
+    let head = &mut head[..unicode_head_len(o)];
+    mem.read(addr, head)?;
+    let shape = unicode_shape(o, addr, head)?;
+    let mut data = vec![0u8; shape.len];
+    mem.read(addr + shape.data_at, &mut data)?;
+    Ok(decode_unicode(shape, &data))
+}
+
+/// A `bytes` object's length from its `ob_size` word, capped.
+pub fn bytes_len(addr: u64, ob_size: u64) -> Result<usize> {
+    if ob_size > MAX_BYTES {
+        return Err(Error::Corrupt(format!("bytes at {addr:#x} claims {ob_size} bytes")));
+    }
+    Ok(ob_size as usize)
 }
 
 pub fn read_bytes(mem: &dyn RemoteMemory, o: &ObjectOffsets, addr: u64) -> Result<Vec<u8>> {
-    if addr == 0 || addr % 8 != 0 {
-        return Err(Error::Corrupt(format!("bad bytes pointer {addr:#x}")));
-    }
-    let size = mem.read_u64(addr + o.bytes_ob_size)?;
-    if size > MAX_BYTES {
-        return Err(Error::Corrupt(format!("bytes at {addr:#x} claims {size} bytes")));
-    }
-    mem.read_vec(addr + o.bytes_ob_sval, size as usize)
+    check_pointer(addr, "bytes")?;
+    let size = bytes_len(addr, mem.read_u64(addr + o.bytes_ob_size)?)?;
+    mem.read_vec(addr + o.bytes_ob_sval, size)
 }

@@ -1,0 +1,89 @@
+//! The code-object cache against real interpreters: a cached entry is never
+//! trusted for an object that has taken a freed one's address, and on 3.14+
+//! the interpreter's code-object generation proves entries without reading
+//! the objects again.
+
+mod common;
+
+use common::*;
+use pyprof::attach::AttachOptions;
+use pyprof::profile::model::Profile;
+use pyprof::session::{Session, SnapshotNeeds};
+
+/// `code_churn.py` makes a new code object `f_K` every round, mostly at the
+/// address the last round's `f_J` was freed from, and `f_K` calls `spin_K`.
+/// So `spin_K`'s caller must always be `f_K`; a cache that trusted the old
+/// entry would name it `f_J`. Torn reads are caught elsewhere and allowed
+/// here at the rate `torn_stacks_are_rare` allows; a stale cache would be
+/// wrong on most samples.
+#[test]
+fn reused_code_addresses_never_name_the_old_function() {
+    let totals = std::sync::Mutex::new((0u64, 0u64, Vec::new()));
+    for_each_interpreter(|py| {
+        let target = py.spawn("code_churn.py", &[]);
+        let reused: u32 = target.first_line.trim().strip_prefix("ready reused=").and_then(|n| n.parse().ok()).expect("ready line");
+        assert!(reused >= 40, "{}: only {reused} of 50 rounds reused an address; the test proves nothing", py.label);
+        let dir = temp_dir("code-churn");
+        let out_path = dir.join("p.json");
+        let out = pyprof(&["record", "--pid", &target.pid().to_string(), "-r", "2k", "-d", "2", "-q", "-o", out_path.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let p: Profile = pyprof::output::json::read(&std::fs::read(&out_path).unwrap()).unwrap();
+        let (mut pairs, mut wrong) = (0u64, 0u64);
+        let mut example = None;
+        for s in &p.stacks {
+            let names: Vec<&str> = s.frames.iter().map(|&i| p.frames[i as usize].function.as_str()).collect();
+            // Outermost first: spin_K's caller sits just before it.
+            for (i, n) in names.iter().enumerate().skip(1) {
+                if let Some(k) = n.strip_prefix("spin_") {
+                    pairs += s.count;
+                    if names[i - 1] != format!("f_{k}") {
+                        wrong += s.count;
+                        example.get_or_insert(format!("{}: {:?}", py.label, names));
+                    }
+                }
+            }
+        }
+        assert!(pairs > 1000, "{}: only {pairs} samples in spin_K (of {})", py.label, p.meta.samples);
+        eprintln!("{}: {wrong} of {pairs} callers misnamed; errors {:?}", py.label, p.meta.errors);
+        let mut t = totals.lock().unwrap();
+        t.0 += pairs;
+        t.1 += wrong;
+        t.2.extend(example);
+    });
+    let (pairs, wrong, examples) = totals.into_inner().unwrap();
+    eprintln!("callers misnamed: {wrong} of {pairs}");
+    assert!(wrong * 2_000 <= pairs, "{wrong} of {pairs} samples name spin_K's caller wrong, e.g. {examples:?}");
+}
+
+/// On a steady stack (three code objects), 3.14+ stop reading code objects
+/// once their generation has been seen twice; older versions, which have no
+/// such counter, read them every snapshot. Counted over the last 200 of
+/// 300 snapshots, past any start-up.
+#[test]
+fn code_generation_replaces_code_reads_on_3_14_and_later() {
+    for_each_interpreter(|py| {
+        let target = py.spawn("deep_spin.py", &[]);
+        let mut s = Session::attach(target.pid(), &AttachOptions::default()).unwrap_or_else(|e| panic!("{}: attach: {e}", py.label));
+        let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false };
+        let mut ok = 0;
+        let mut start = None;
+        for i in 0..300 {
+            if i == 100 {
+                (start, ok) = (Some(s.code_cache_stats()), 0);
+            }
+            if let Ok(t) = s.snapshot(needs) {
+                assert!(t[0].frames.iter().filter(|f| &*f.function == "down").count() == 21, "{}: {:?}", py.label, t[0].frames);
+                ok += 1;
+                s.recycle(t);
+            }
+        }
+        assert!(ok > 150, "{}: {ok} of 200 snapshots", py.label);
+        let (a, b) = (start.unwrap(), s.code_cache_stats());
+        let (gen_hits, reads) = (b.generation_hits - a.generation_hits, b.reads - a.reads);
+        if py.minor >= 14 {
+            assert!(gen_hits >= 2 * ok && reads < 20, "{}: {gen_hits} generation hits, {reads} reads in {ok} snapshots", py.label);
+        } else {
+            assert!(gen_hits == 0 && reads >= ok, "{}: {gen_hits} generation hits, {reads} reads in {ok} snapshots", py.label);
+        }
+    });
+}
