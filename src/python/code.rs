@@ -34,7 +34,7 @@ use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::offsets::{ObjectOffsets, Offsets};
+use crate::offsets::Offsets;
 use crate::process::memory::{RemoteMemory, field_u32, field_u64};
 use crate::python::strings::{bytes_len, check_pointer, decode_unicode, unicode_head_len, unicode_shape};
 
@@ -280,20 +280,8 @@ impl CodeCache {
         if !same {
             return Err(Error::Corrupt(format!("code object at {addr:#x} changed while read")));
         }
-        let ident = match o.code.version {
-            Some(off) if fp.version != 0 => Ident { words: [(addr + (off & !7), fp.version_word), (0, 0), (0, 0)], n: 1 },
-            _ => {
-                let hash_at = ob.unicode_length + 8;
-                Ident {
-                    words: [
-                        (addr + o.code.qualname.unwrap_or(o.code.name), fp.name),
-                        (fp.name + hash_at, field_u64(&name_head2, hash_at as usize)),
-                        (fp.name + name_shape.data_at, u64::from_le_bytes(first8)),
-                    ],
-                    n: 3,
-                }
-            }
-        };
+        let hash = field_u64(&name_head2, (ob.unicode_length + 8) as usize);
+        let ident = version_ident(o, addr, &fp).unwrap_or_else(|| name_ident(o, addr, &fp, name_shape.data_at, hash, u64::from_le_bytes(first8)));
         let info = Arc::new(CodeInfo {
             name: decode_unicode(name_shape, &name).into(),
             filename: decode_unicode(file_shape, &file).into(),
@@ -336,29 +324,31 @@ fn parse_fingerprint(o: &Offsets, head: &[u8], interp: u64) -> Fingerprint {
 }
 
 fn ident_of(mem: &dyn RemoteMemory, o: &Offsets, addr: u64, fp: &Fingerprint) -> Result<Ident> {
-    Ok(match o.code.version {
-        // The aligned word holding co_version; its other half is
-        // co_nfreevars in every version that has one, also fixed for the
-        // object's life, so the word changes only with the object.
-        Some(off) if fp.version != 0 => Ident { words: [(addr + (off & !7), fp.version_word), (0, 0), (0, 0)], n: 1 },
-        _ => {
-            let [hash, data] = name_ident(mem, &o.object, fp.name)?;
-            // The name pointer too: a new object may name another string.
-            let name_at = addr + o.code.qualname.unwrap_or(o.code.name);
-            Ident { words: [(name_at, fp.name), hash, data], n: 3 }
-        }
-    })
+    if let Some(ident) = version_ident(o, addr, fp) {
+        return Ok(ident);
+    }
+    let ob = &o.object;
+    let state = mem.read_u32(fp.name + ob.unicode_state)?;
+    let data_at = if (state >> 6) & 1 == 1 { ob.unicode_ascii_size } else { ob.unicode_compact_size };
+    let hash = mem.read_u64(fp.name + ob.unicode_length + 8)?;
+    Ok(name_ident(o, addr, fp, data_at, hash, mem.read_u64(fp.name + data_at)?))
 }
 
-/// Without `co_version`: the name string's cached hash (set once computed;
-/// every interned name has one) and its first 8 bytes of characters (within
-/// the object: CPython allocates in 16-byte steps past a 40-byte or larger
-/// header), which another function's name at the same address will not share.
-fn name_ident(mem: &dyn RemoteMemory, o: &ObjectOffsets, name: u64) -> Result<[(u64, u64); 2]> {
-    // PyASCIIObject: PyObject_HEAD, length, hash, state: the same order 3.8–3.15.
-    let hash_at = name + o.unicode_length + 8;
-    let state = mem.read_u32(name + o.unicode_state)?;
-    let ascii = (state >> 6) & 1 == 1;
-    let data_at = name + if ascii { o.unicode_ascii_size } else { o.unicode_compact_size };
-    Ok([(hash_at, mem.read_u64(hash_at)?), (data_at, mem.read_u64(data_at)?)])
+/// The aligned word holding co_version; its other half is co_nfreevars in
+/// every version that has one, also fixed for the object's life, so the word
+/// changes only with the object. None without a usable co_version.
+fn version_ident(o: &Offsets, addr: u64, fp: &Fingerprint) -> Option<Ident> {
+    let off = o.code.version.filter(|_| fp.version != 0)?;
+    Some(Ident { words: [(addr + (off & !7), fp.version_word), (0, 0), (0, 0)], n: 1 })
+}
+
+/// Without `co_version`: the name pointer (a new object may name another
+/// string), the name string's cached hash (set once computed; every interned
+/// name has one; PyASCIIObject is PyObject_HEAD, length, hash, state in
+/// 3.8–3.15) and its first 8 bytes of characters (within the object: CPython
+/// allocates in 16-byte steps past a 40-byte or larger header), which another
+/// function's name at the same address will not share.
+fn name_ident(o: &Offsets, addr: u64, fp: &Fingerprint, data_at: u64, hash: u64, first8: u64) -> Ident {
+    let name_at = addr + o.code.qualname.unwrap_or(o.code.name);
+    Ident { words: [(name_at, fp.name), (fp.name + o.object.unicode_length + 8, hash), (fp.name + data_at, first8)], n: 3 }
 }
