@@ -199,19 +199,20 @@ impl CodeCache {
         let mem = src.held;
         let fp = self.fingerprint(mem, o, addr, gens.interp)?;
         let stamp = gens.before.map(|g| (gens.interp, g));
-        let ident = ident_of(mem, o, addr, &fp)?;
         if let Some(e) = self.entries.get_mut(&addr) {
-            let same = e.fp == fp
-                && (fp.version != 0 || {
+            // The name is read only when all else agrees: a frame torn under
+            // us names garbage, and its "name" would cost three more reads.
+            if e.fp == fp {
+                if fp.version == 0 {
                     self.stats.name_checks += 1;
-                    e.ident == ident
-                });
-            if same {
-                e.epoch = epoch;
-                e.stamp = stamp;
-                e.ident = ident;
-                self.stats.hits += 1;
-                return Ok((e.info.clone(), ident));
+                }
+                let ident = ident_of(mem, o, addr, &fp)?;
+                if ident == e.ident {
+                    e.epoch = epoch;
+                    e.stamp = stamp;
+                    self.stats.hits += 1;
+                    return Ok((e.info.clone(), ident));
+                }
             }
             self.stats.stale += 1;
         }
@@ -327,11 +328,21 @@ fn ident_of(mem: &dyn RemoteMemory, o: &Offsets, addr: u64, fp: &Fingerprint) ->
     if let Some(ident) = version_ident(o, addr, fp) {
         return Ok(ident);
     }
+    // One read from the header through an ASCII name's first 8 characters
+    // (inside the object: see name_ident), not one per word: on a miss each
+    // is a syscall.
     let ob = &o.object;
-    let state = mem.read_u32(fp.name + ob.unicode_state)?;
-    let data_at = if (state >> 6) & 1 == 1 { ob.unicode_ascii_size } else { ob.unicode_compact_size };
-    let hash = mem.read_u64(fp.name + ob.unicode_length + 8)?;
-    Ok(name_ident(o, addr, fp, data_at, hash, mem.read_u64(fp.name + data_at)?))
+    let mut head = [0u8; 136];
+    let head = &mut head[..(ob.unicode_ascii_size as usize + 8).min(136)];
+    mem.read(fp.name, head)?;
+    let state = field_u32(head, ob.unicode_state as usize);
+    let hash = field_u64(head, (ob.unicode_length + 8) as usize);
+    let (data_at, first8) = if (state >> 6) & 1 == 1 {
+        (ob.unicode_ascii_size, field_u64(head, ob.unicode_ascii_size as usize))
+    } else {
+        (ob.unicode_compact_size, mem.read_u64(fp.name + ob.unicode_compact_size)?)
+    };
+    Ok(name_ident(o, addr, fp, data_at, hash, first8))
 }
 
 /// The aligned word holding co_version; its other half is co_nfreevars in
