@@ -12,16 +12,16 @@ pub trait RemoteMemory {
     /// Fill `buf` from `addr`. A short read is an error.
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()>;
 
-    /// Several reads in one go; implementations batch them into one syscall.
     /// When the bytes just read at `addr..addr+len` were copied out of the
     /// target, on a clock that orders every read of a session (see
-    /// `process::prefetch::ReadTime`), with the held range they came from,
+    /// `process::prefetch::read_time`), with the held range they came from,
     /// if any. Only a per-sample view knows; anything else says "now, by
     /// itself": the latest time there is.
     fn read_time(&self, _addr: u64, _len: usize) -> (u64, Option<(u64, u64)>) {
         (u64::MAX, None)
     }
 
+    /// Several reads in one go; implementations batch them into one syscall.
     fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> Result<()> {
         for (addr, buf) in reqs.iter_mut() {
             self.read(*addr, buf)?;

@@ -134,10 +134,9 @@ impl Prefetcher {
         });
         // SAFETY: see the closure; `data` is not touched until the call returns.
         let got = unsafe { mem.read_ranges(ranges) };
-        self.first_call.set(mem.syscalls());
         // process_vm_readv fills iovecs in order and stops at the first fault:
         // keep the ranges that arrived whole.
-        let (mut off, mut left) = (0usize, got);
+        let (mut off, mut left, call) = (0usize, got, mem.syscalls());
         'phases: for (p, plan) in self.plans.iter().enumerate() {
             for (i, &(s, e, _)) in plan.iter().enumerate() {
                 let len = (e - s) as usize;
@@ -145,11 +144,12 @@ impl Prefetcher {
                     st.fault = Some((p, i));
                     break 'phases;
                 }
-                st.held[p].push((s, e, off, read_time(mem.syscalls(), p as u64)));
+                st.held[p].push((s, e, off, read_time(call, p as u64)));
                 off += len;
                 left -= len;
             }
         }
+        self.first_call.set(call);
         if st.fault.is_none() {
             let words = (left / 8).min(self.tail.len());
             st.tail.extend(self.tail[..words].iter().enumerate().map(|(i, &a)| (a, field_u64(&st.data, tail_at + 8 * i))));

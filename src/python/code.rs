@@ -164,9 +164,8 @@ impl CodeCache {
     /// The code object at `addr`, for a frame read at `frame_at` (a read
     /// time). An entry checked earlier in this snapshot serves without
     /// another check. Borrowed, not cloned: a walk asks once per frame, and
-    /// each `Arc` clone and drop is an atomic operation. `gens` is asked only
-    /// when a check is due.
-    pub fn get(&mut self, src: &Sources, o: &Offsets, addr: u64, frame_at: u64, gens: impl FnOnce() -> Generations) -> Result<(&Arc<CodeInfo>, Ident)> {
+    /// each `Arc` clone and drop is an atomic operation.
+    pub fn get(&mut self, src: &Sources, o: &Offsets, addr: u64, frame_at: u64, gens: Generations) -> Result<(&Arc<CodeInfo>, Ident)> {
         if addr == 0 || addr % 8 != 0 {
             return Err(Error::Corrupt(format!("bad code pointer {addr:#x}")));
         }
@@ -176,7 +175,7 @@ impl CodeCache {
             let last = self.last.as_ref().unwrap();
             return Ok((&last.2, last.3));
         }
-        let (info, ident) = self.lookup(src, o, addr, frame_at, gens())?;
+        let (info, ident) = self.lookup(src, o, addr, frame_at, gens)?;
         self.last = Some((addr, epoch, info, ident));
         Ok((&self.last.as_ref().unwrap().2, ident))
     }

@@ -226,16 +226,18 @@ impl FrameWalker {
         if got != total {
             return Err(Error::Corrupt("stack changed while read (memory gone)".into()));
         }
+        // Every word lies in its own set's spans; a miss reads as "changed"
+        // rather than a panic.
         let word = |set: &[(u64, u64, usize)], addr: u64| {
-            let i = set.partition_point(|sp| sp.0 <= addr) - 1;
-            field_u64(&self.check, set[i].2 + (addr - set[i].0) as usize)
+            let sp = set[..set.partition_point(|sp| sp.0 <= addr)].last().filter(|sp| addr + 8 <= sp.1)?;
+            Some(field_u64(&self.check, sp.2 + (addr - sp.0) as usize))
         };
         let (idents, heads, frames, heads2) = (&spans[..heads_at], &spans[heads_at..frames_at], &spans[frames_at..frames_end], &spans[frames_end..]);
         let changed = self.links[n..]
             .iter()
-            .find(|w| word(idents, w.0) != w.1)
-            .or_else(|| self.links[..n].iter().find(|w| word(frames, w.0) != w.1))
-            .or_else(|| self.heads.iter().map(|&i| &self.links[i]).find(|w| word(heads, w.0) != w.1 || word(heads2, w.0) != w.1));
+            .find(|w| word(idents, w.0) != Some(w.1))
+            .or_else(|| self.links[..n].iter().find(|w| word(frames, w.0) != Some(w.1)))
+            .or_else(|| self.heads.iter().map(|&i| &self.links[i]).find(|w| word(heads, w.0) != Some(w.1) || word(heads2, w.0) != Some(w.1)));
         if let Some((addr, _)) = changed {
             return Err(Error::Corrupt(format!("stack changed while read (word at {addr:#x})")));
         }
@@ -342,7 +344,7 @@ impl FrameWalker {
                     t
                 }
             };
-            let (code, ident) = codes.get(code, o, code_addr, frame_at, || gens)?;
+            let (code, ident) = codes.get(code, o, code_addr, frame_at, gens)?;
             // Recursion names one code object frame after frame: once is enough.
             if code_addr != last_code {
                 self.idents.extend_from_slice(ident.words());
