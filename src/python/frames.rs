@@ -108,9 +108,10 @@ fn put_frame(out: &mut Vec<Frame>, i: usize, code: &CodeInfo, line: i32) {
     }
 }
 
-/// Words closer than this are re-read as one span (a gap this small cannot
-/// hide an unmapped page).
-const SPAN_GAP: u64 = 256;
+/// Words on the same or neighbouring pages are re-read as one span: no page
+/// lies between them that was not just read (so none can be unmapped), and
+/// the kernel's cost is per span and per page, hardly per byte.
+const PAGE: u64 = 4096;
 
 /// Append the 8-byte words at `addrs` to `out` as sorted, merged spans.
 fn push_spans(out: &mut Vec<(u64, u64, usize)>, addrs: impl Iterator<Item = u64>) {
@@ -120,7 +121,7 @@ fn push_spans(out: &mut Vec<(u64, u64, usize)>, addrs: impl Iterator<Item = u64>
     let mut w = start;
     for r in start..out.len() {
         let (s, e, _) = out[r];
-        if w > start && s <= out[w - 1].1 + SPAN_GAP {
+        if w > start && s / PAGE <= (out[w - 1].1 - 1) / PAGE + 1 {
             out[w - 1].1 = out[w - 1].1.max(e);
         } else {
             out[w] = (s, e, 0);
