@@ -29,6 +29,8 @@ pub struct Attached {
     pub method: Method,
     /// Path (as the target sees it) of the module holding `_PyRuntime`.
     pub module: String,
+    /// That module's segments in memory: objects there are static.
+    pub image: Vec<(u64, u64)>,
 }
 
 /// Mapped files that may hold the interpreter, libpython first: when both
@@ -68,8 +70,8 @@ pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Attached> {
     let mut why = Vec::new();
     for module in candidate_modules(&target, &maps) {
         match attach_module(&target, &mem, &maps, &module, opts) {
-            Ok((offsets, runtime, method)) => {
-                return Ok(Attached { target, mem, maps, offsets, runtime, method, module });
+            Ok(Found { offsets, runtime, method, image }) => {
+                return Ok(Attached { target, mem, maps, offsets, runtime, method, module, image });
             }
             Err(e @ (Error::UnsupportedVersion { .. } | Error::ProcessGone(_) | Error::PermissionDenied { .. })) => {
                 return Err(e);
@@ -88,7 +90,15 @@ pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Attached> {
     Err(Error::NotPython { pid, why: why.join("; ") })
 }
 
-fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str, opts: &AttachOptions) -> Result<(Offsets, u64, Method)> {
+/// What one module yielded, for [`Attached`].
+struct Found {
+    offsets: Offsets,
+    runtime: u64,
+    method: Method,
+    image: Vec<(u64, u64)>,
+}
+
+fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str, opts: &AttachOptions) -> Result<Found> {
     let pid = target.pid;
     let elf = ElfFile::open(&target.host_path(module))?;
     let own: Vec<&Mapping> = maps.iter().filter(|m| m.path.as_deref() == Some(module)).collect();
@@ -164,5 +174,5 @@ fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str
             why: format!("_PyRuntime at {rt:#x} ({method}) has no live interpreter/thread state (still starting or finalizing?)"),
         });
     }
-    Ok((offsets, rt, method))
+    Ok(Found { offsets, runtime: rt, method, image: elf.image(bias) })
 }

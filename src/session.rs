@@ -120,6 +120,7 @@ impl Session {
             drop(ptrace::stop_threads(pid, &[pid])?);
         }
         let native = opts.native.clone().map(|o| NativeState::new(&attached.target, o));
+        let codes = CodeCache::new(attached.image.clone());
         Ok(Session {
             native,
             groups: Vec::new(),
@@ -129,7 +130,7 @@ impl Session {
             attached,
             names: Default::default(),
             py_names: NameCache::default(),
-            codes: CodeCache::default(),
+            codes,
             walker: FrameWalker::default(),
             states: Vec::new(),
             pthread_tid_offset: None,

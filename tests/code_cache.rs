@@ -87,3 +87,37 @@ fn code_generation_replaces_code_reads_on_3_14_and_later() {
         }
     });
 }
+
+/// 3.11 names every `<module>` with a string compiled into the interpreter
+/// (a `_Py_ID` in `_PyRuntime`), which is never freed: its address alone
+/// names it, so checking that code object reads nothing more. Other names
+/// are on the heap and still checked by their contents; 3.8–3.10 have no
+/// such strings and 3.12+ check `co_version` instead. Fails if the
+/// interpreter's image (libpython's segments, or the static executable's)
+/// is not where pyprof thinks it is.
+#[test]
+fn names_compiled_into_the_interpreter_are_not_read() {
+    for_each_interpreter(|py| {
+        let target = py.spawn("deep_spin.py", &[]);
+        let mut s = Session::attach(target.pid(), &AttachOptions::default()).unwrap_or_else(|e| panic!("{}: attach: {e}", py.label));
+        let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false };
+        let mut ok = 0;
+        for _ in 0..200 {
+            if let Ok(t) = s.snapshot(needs) {
+                assert_eq!(t[0].frames.last().map(|f| &*f.function), Some("<module>"), "{}: {:?}", py.label, t[0].frames);
+                ok += 1;
+                s.recycle(t);
+            }
+        }
+        assert!(ok > 100, "{}: {ok} of 200 snapshots", py.label);
+        let st = s.code_cache_stats();
+        let heap = st.name_checks - st.static_names;
+        if py.minor == 11 {
+            // <module> by address; down and busy by their strings; the
+            // first snapshot makes the entries instead of checking them.
+            assert!(st.static_names + 1 >= ok && heap + 2 >= 2 * ok, "{}: {} static, {heap} heap name checks in {ok} snapshots", py.label, st.static_names);
+        } else {
+            assert_eq!(st.static_names, 0, "{}", py.label);
+        }
+    });
+}

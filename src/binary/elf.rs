@@ -24,6 +24,8 @@ pub struct Load {
     pub vaddr: u64,
     pub offset: u64,
     pub filesz: u64,
+    /// With .bss: what the segment occupies in memory.
+    pub memsz: u64,
 }
 
 /// avma − svma for a file with these PT_LOAD segments, from its mappings in a
@@ -86,8 +88,12 @@ impl ElfFile {
                 }
             }
         }
-        let loads =
-            elf.program_headers.iter().filter(|p| p.p_type == PT_LOAD).map(|p| Load { vaddr: p.p_vaddr, offset: p.p_offset, filesz: p.p_filesz }).collect();
+        let loads = elf
+            .program_headers
+            .iter()
+            .filter(|p| p.p_type == PT_LOAD)
+            .map(|p| Load { vaddr: p.p_vaddr, offset: p.p_offset, filesz: p.p_filesz, memsz: p.p_memsz })
+            .collect();
         let build_id = elf
             .iter_note_headers(&bytes)
             .and_then(|notes| notes.filter_map(|n| n.ok()).find(|n| n.n_type == goblin::elf::note::NT_GNU_BUILD_ID).map(|n| n.desc.to_vec()));
@@ -105,6 +111,13 @@ impl ElfFile {
     /// avma − svma for this file in a process, from its mappings.
     pub fn load_bias(&self, mappings: &[&Mapping]) -> Option<u64> {
         load_bias(&self.loads, mappings)
+    }
+
+    /// Where the file's segments lie in a process with this load bias (avma
+    /// ranges, .bss included): memory no allocator hands out, so an object
+    /// found there is statically allocated and is never freed.
+    pub fn image(&self, bias: u64) -> Vec<(u64, u64)> {
+        self.loads.iter().filter(|l| l.memsz > 0).map(|l| (l.vaddr.wrapping_add(bias), l.vaddr.wrapping_add(bias).wrapping_add(l.memsz))).collect()
     }
 
     /// Writable data the runtime can live in: .data, .PyRuntime, .bss (svma ranges).

@@ -90,8 +90,12 @@ pub fn load_module(target: &Target, path: &str, maps: &[&Mapping]) -> Option<Cod
     if !elf.is_64 || !elf.little_endian {
         return None;
     }
-    let loads: Vec<Load> =
-        elf.program_headers.iter().filter(|p| p.p_type == PT_LOAD).map(|p| Load { vaddr: p.p_vaddr, offset: p.p_offset, filesz: p.p_filesz }).collect();
+    let loads: Vec<Load> = elf
+        .program_headers
+        .iter()
+        .filter(|p| p.p_type == PT_LOAD)
+        .map(|p| Load { vaddr: p.p_vaddr, offset: p.p_offset, filesz: p.p_filesz, memsz: p.p_memsz })
+        .collect();
     let bias = load_bias(&loads, maps)?;
     let text: Vec<Range<u64>> = maps.iter().filter(|m| m.executable).map(|m| m.start..m.end).collect();
     let avma = maps.iter().map(|m| m.start).min()?..maps.iter().map(|m| m.end).max()?;

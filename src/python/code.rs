@@ -70,6 +70,8 @@ pub struct CodeCacheStats {
     pub stale: u64,
     /// Checks that had to go by the name (no `co_version`).
     pub name_checks: u64,
+    /// Of those, names compiled into the interpreter: no read needed.
+    pub static_names: u64,
     /// Hits proven by the code-object generation, without reading the object.
     pub generation_hits: u64,
     /// Code objects read to check their fingerprint.
@@ -141,10 +143,26 @@ pub struct CodeCache {
     last: Option<(u64, u64, Arc<CodeInfo>, Ident)>,
     /// An entry was made or replaced in this snapshot.
     unproven: bool,
+    /// The interpreter's own image (avma ranges): strings there are static.
+    image: Vec<(u64, u64)>,
     pub stats: CodeCacheStats,
 }
 
 impl CodeCache {
+    /// A cache for a target whose interpreter image (libpython or the
+    /// executable) occupies `image`.
+    pub fn new(image: Vec<(u64, u64)>) -> CodeCache {
+        CodeCache { image, ..CodeCache::default() }
+    }
+
+    /// A name string compiled into the interpreter (3.11+'s `_Py_ID`
+    /// strings: `<module>`, `<lambda>`, `<genexpr>`, ...) is never freed,
+    /// so its address alone names it: checking its contents would cost a
+    /// page per sample for nothing.
+    fn static_name(&self, name: u64) -> bool {
+        self.image.iter().any(|&(s, e)| (s..e).contains(&name))
+    }
+
     /// A new snapshot: entries must be re-validated once before reuse, and a
     /// code object validated in this snapshot is not read again within it
     /// (it cannot be freed while a frame we just read still references it).
@@ -198,14 +216,16 @@ impl CodeCache {
         let mem = src.held;
         let fp = self.fingerprint(mem, o, addr, gens.interp)?;
         let stamp = gens.before.map(|g| (gens.interp, g));
+        let is_static = self.static_name(fp.name);
         if let Some(e) = self.entries.get_mut(&addr) {
             // The name is read only when all else agrees: a frame torn under
             // us names garbage, and its "name" would cost three more reads.
             if e.fp == fp {
                 if fp.version == 0 {
                     self.stats.name_checks += 1;
+                    self.stats.static_names += u64::from(is_static);
                 }
-                let ident = ident_of(mem, o, addr, &fp)?;
+                let ident = ident_of(mem, o, addr, &fp, is_static)?;
                 if ident == e.ident {
                     e.epoch = epoch;
                     e.stamp = stamp;
@@ -281,7 +301,8 @@ impl CodeCache {
             return Err(Error::Corrupt(format!("code object at {addr:#x} changed while read")));
         }
         let hash = field_u64(&name_head2, (ob.unicode_length + 8) as usize);
-        let ident = version_ident(o, addr, &fp).unwrap_or_else(|| name_ident(o, addr, &fp, name_shape.data_at, hash, u64::from_le_bytes(first8)));
+        let is_static = self.static_name(fp.name);
+        let ident = version_ident(o, addr, &fp).unwrap_or_else(|| name_ident(o, addr, &fp, is_static, name_shape.data_at, hash, u64::from_le_bytes(first8)));
         let info = Arc::new(CodeInfo {
             name: decode_unicode(name_shape, &name).into(),
             filename: decode_unicode(file_shape, &file).into(),
@@ -323,9 +344,12 @@ fn parse_fingerprint(o: &Offsets, head: &[u8], interp: u64) -> Fingerprint {
     }
 }
 
-fn ident_of(mem: &dyn RemoteMemory, o: &Offsets, addr: u64, fp: &Fingerprint) -> Result<Ident> {
+fn ident_of(mem: &dyn RemoteMemory, o: &Offsets, addr: u64, fp: &Fingerprint, is_static: bool) -> Result<Ident> {
     if let Some(ident) = version_ident(o, addr, fp) {
         return Ok(ident);
+    }
+    if is_static {
+        return Ok(name_ident(o, addr, fp, true, 0, 0, 0));
     }
     // One read from the header through an ASCII name's first 8 characters
     // (inside the object: see name_ident), not one per word: on a miss each
@@ -341,7 +365,7 @@ fn ident_of(mem: &dyn RemoteMemory, o: &Offsets, addr: u64, fp: &Fingerprint) ->
     } else {
         (ob.unicode_compact_size, mem.read_u64(fp.name + ob.unicode_compact_size)?)
     };
-    Ok(name_ident(o, addr, fp, data_at, hash, first8))
+    Ok(name_ident(o, addr, fp, false, data_at, hash, first8))
 }
 
 /// The aligned word holding co_version; its other half is co_nfreevars in
@@ -357,8 +381,12 @@ fn version_ident(o: &Offsets, addr: u64, fp: &Fingerprint) -> Option<Ident> {
 /// name has one; PyASCIIObject is PyObject_HEAD, length, hash, state in
 /// 3.8–3.15) and its first 8 bytes of characters (within the object: CPython
 /// allocates in 16-byte steps past a 40-byte or larger header), which another
-/// function's name at the same address will not share.
-fn name_ident(o: &Offsets, addr: u64, fp: &Fingerprint, data_at: u64, hash: u64, first8: u64) -> Ident {
+/// function's name at the same address will not share. A static name
+/// (`is_static`) is the pointer alone.
+fn name_ident(o: &Offsets, addr: u64, fp: &Fingerprint, is_static: bool, data_at: u64, hash: u64, first8: u64) -> Ident {
     let name_at = addr + o.code.qualname.unwrap_or(o.code.name);
+    if is_static {
+        return Ident { words: [(name_at, fp.name), (0, 0), (0, 0)], n: 1 };
+    }
     Ident { words: [(name_at, fp.name), (fp.name + o.object.unicode_length + 8, hash), (fp.name + data_at, first8)], n: 3 }
 }
