@@ -262,9 +262,13 @@ fn torn_stacks_are_rare() {
         let out = record(&["--pid", &target.pid().to_string(), "-r", "5k", "-d", "1", "-q", "-o", out_path.to_str().unwrap()]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let p = read_profile(&out_path);
-        // Most snapshots of this target tear and are rightly dropped; but
-        // dropping everything would pass the checks below trivially.
-        assert!(p.meta.samples > 500, "only {} samples kept (errors {:?})", p.meta.samples, p.meta.errors);
+        // Many snapshots of this target tear and are rightly dropped; but
+        // dropping everything would pass the checks below trivially. How
+        // many are kept depends on how the two processes share the CPUs
+        // (40-90 % here; one CI run under load kept 282 of 5,000 on 3.9),
+        // which is the benchmark's business: this floor only rules out
+        // a sampler that keeps next to nothing.
+        assert!(p.meta.samples > 100, "only {} samples kept (errors {:?})", p.meta.samples, p.meta.errors);
         let mut bad = 0;
         let mut example = None;
         for s in &p.stacks {
