@@ -121,3 +121,34 @@ fn names_compiled_into_the_interpreter_are_not_read() {
         }
     });
 }
+
+/// Code objects compiled into the interpreter (3.11 and 3.12 deep-freeze
+/// runpy, importlib, os, site, ...) are never freed: once read, they are
+/// not read again. Through `runpy.run_path` three of them sit under
+/// deep_spin's frames in every snapshot; they must be served without a
+/// read, and still named right. Versions without deep-freezing read them
+/// like any other code object.
+#[test]
+fn code_compiled_into_the_interpreter_is_read_once() {
+    for_each_interpreter(|py| {
+        let target = py.spawn("via_runpy.py", &[]);
+        let mut s = Session::attach(target.pid(), &AttachOptions::default()).unwrap_or_else(|e| panic!("{}: attach: {e}", py.label));
+        let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false };
+        let mut ok = 0;
+        for _ in 0..200 {
+            if let Ok(t) = s.snapshot(needs) {
+                let names: Vec<&str> = t[0].frames.iter().rev().map(|f| &*f.function).take(5).collect();
+                assert_eq!(names, ["<module>", "run_path", "_run_module_code", "_run_code", "<module>"], "{}", py.label);
+                ok += 1;
+                s.recycle(t);
+            }
+        }
+        assert!(ok > 100, "{}: {ok} of 200 snapshots", py.label);
+        let hits = s.code_cache_stats().static_hits;
+        if py.minor == 11 || py.minor == 12 {
+            assert!(hits + 3 >= 3 * ok, "{}: {hits} static hits in {ok} snapshots", py.label);
+        } else {
+            assert_eq!(hits, 0, "{}", py.label);
+        }
+    });
+}

@@ -9,6 +9,10 @@
 //!   was freed in between, so nothing took the address; no read of the
 //!   object at all, which is what makes a deep stack cheap (each object costs
 //!   a page, and pages are what a `process_vm_readv` pays for).
+//! - An object inside the interpreter's own image (3.11 and 3.12 compile
+//!   the startup modules' code into libpython) is static and never freed:
+//!   its address is proof. Likewise a name string there (3.11's `_Py_ID`
+//!   names: `<module>`, `<lambda>`, ...) needs no check of its contents.
 //! - 3.12+: the same `co_version`, a serial number each new code object takes
 //!   from a counter that never repeats (per interpreter from 3.13, so the
 //!   interpreter is part of the check); 0 means the counter ran out.
@@ -74,6 +78,8 @@ pub struct CodeCacheStats {
     pub static_names: u64,
     /// Hits proven by the code-object generation, without reading the object.
     pub generation_hits: u64,
+    /// Hits on code objects compiled into the interpreter, not read either.
+    pub static_hits: u64,
     /// Code objects read to check their fingerprint.
     pub reads: u64,
 }
@@ -160,7 +166,12 @@ impl CodeCache {
     /// so its address alone names it: checking its contents would cost a
     /// page per sample for nothing.
     fn static_name(&self, name: u64) -> bool {
-        self.image.iter().any(|&(s, e)| (s..e).contains(&name))
+        self.in_image(name)
+    }
+
+    /// Memory no allocator hands out: an object there is static.
+    fn in_image(&self, addr: u64) -> bool {
+        self.image.iter().any(|&(s, e)| (s..e).contains(&addr))
     }
 
     /// A new snapshot: entries must be re-validated once before reuse, and a
@@ -200,9 +211,20 @@ impl CodeCache {
 
     fn lookup(&mut self, src: &Sources, o: &Offsets, addr: u64, frame_at: u64, gens: Generations) -> Result<(Arc<CodeInfo>, Ident)> {
         let epoch = self.epoch;
+        let fixed = self.in_image(addr);
         if let Some(e) = self.entries.get_mut(&addr) {
             if e.epoch == epoch {
                 self.stats.hits += 1;
+                return Ok((e.info.clone(), e.ident));
+            }
+            // Compiled into the interpreter (3.11 and 3.12 deep-freeze the
+            // startup modules: runpy, importlib, os, site, ...): never freed,
+            // so once read it is known for good. Every `python -m` stack
+            // starts with two of these.
+            if fixed {
+                e.epoch = epoch;
+                self.stats.hits += 1;
+                self.stats.static_hits += 1;
                 return Ok((e.info.clone(), e.ident));
             }
             // The counter must have been read after the frame.
