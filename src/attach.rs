@@ -31,6 +31,40 @@ pub struct Attached {
     pub module: String,
     /// That module's segments in memory: objects there are static.
     pub image: Vec<(u64, u64)>,
+    /// 3.12: `_Py_next_func_version`, the global each new code object takes
+    /// its `co_version` from (a hidden symbol: found only where the symbol
+    /// table was kept, as in pyenv's builds).
+    pub code_version_global: Option<u64>,
+}
+
+/// A counter whose value, unchanged, proves that no code object took a
+/// freed one's address since it was last read (see `python::code`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodeCounter {
+    /// 3.14+: code objects freed, from the target's `_Py_DebugOffsets`.
+    Freed(u64),
+    /// 3.12–3.13: the next `co_version`, from our offsets or a symbol:
+    /// checked against the objects' own versions before it is trusted.
+    Created(u64),
+}
+
+impl CodeCounter {
+    pub fn addr(self) -> u64 {
+        match self {
+            CodeCounter::Freed(a) | CodeCounter::Created(a) => a,
+        }
+    }
+}
+
+impl Attached {
+    /// The counter word for interpreter `interp`, if the version has one.
+    pub fn code_counter(&self, interp: u64) -> Option<CodeCounter> {
+        let i = &self.offsets.interp;
+        i.code_object_generation
+            .map(|off| CodeCounter::Freed(interp + off))
+            .or_else(|| i.code_version_counter.map(|off| CodeCounter::Created(interp + off)))
+            .or(self.code_version_global.map(CodeCounter::Created))
+    }
 }
 
 /// Mapped files that may hold the interpreter, libpython first: when both
@@ -70,8 +104,8 @@ pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Attached> {
     let mut why = Vec::new();
     for module in candidate_modules(&target, &maps) {
         match attach_module(&target, &mem, &maps, &module, opts) {
-            Ok(Found { offsets, runtime, method, image }) => {
-                return Ok(Attached { target, mem, maps, offsets, runtime, method, module, image });
+            Ok(Found { offsets, runtime, method, image, code_version_global }) => {
+                return Ok(Attached { target, mem, maps, offsets, runtime, method, module, image, code_version_global });
             }
             Err(e @ (Error::UnsupportedVersion { .. } | Error::ProcessGone(_) | Error::PermissionDenied { .. })) => {
                 return Err(e);
@@ -96,6 +130,7 @@ struct Found {
     runtime: u64,
     method: Method,
     image: Vec<(u64, u64)>,
+    code_version_global: Option<u64>,
 }
 
 fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str, opts: &AttachOptions) -> Result<Found> {
@@ -174,5 +209,6 @@ fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str
             why: format!("_PyRuntime at {rt:#x} ({method}) has no live interpreter/thread state (still starting or finalizing?)"),
         });
     }
-    Ok(Found { offsets, runtime: rt, method, image: elf.image(bias) })
+    let code_version_global = elf.symbol("_Py_next_func_version").map(|(a, _)| a.wrapping_add(bias));
+    Ok(Found { offsets, runtime: rt, method, image: elf.image(bias), code_version_global })
 }

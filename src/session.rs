@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::attach::{AttachOptions, Attached, attach};
+use crate::attach::{AttachOptions, Attached, CodeCounter, attach};
 use crate::error::Result;
 use crate::native::merge;
 use crate::native::{NativeRaw, NativeState, ptrace};
@@ -273,9 +273,11 @@ impl Session {
             // Not cleared: the walk overwrites the last sample's frames in place.
             let mut slot = spare.get_mut(i).map(std::mem::take).unwrap_or_default();
             self.walker.note(ts.frame_field, ts.frame);
-            let gen_word = o.interp.code_object_generation.map(|off| ts.interp + off);
+            let counter = a.code_counter(ts.interp);
+            let gen_word = counter.map(CodeCounter::addr);
             let gens = Generations {
                 interp: ts.interp,
+                created: matches!(counter, Some(CodeCounter::Created(_))),
                 before: gen_word.and_then(|w| self.prefetch.tail_word_before(w)),
                 after: gen_word.and_then(|w| self.prefetch.tail_word(w)),
             };
@@ -294,10 +296,8 @@ impl Session {
         }
         spare.clear();
         self.spare_out = spare;
-        if let Some(off) = o.interp.code_object_generation {
-            // Each interpreter's counter, read last in the next sample's call.
-            self.prefetch.set_tail(self.states.iter().map(|t| t.interp + off));
-        }
+        // Each interpreter's counter, read last in the next sample's call.
+        self.prefetch.set_tail(self.states.iter().filter_map(|t| a.code_counter(t.interp)).map(CodeCounter::addr));
         Ok(out)
     }
 }

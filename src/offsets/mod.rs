@@ -80,6 +80,9 @@ pub struct InterpOffsets {
     pub gil: Option<GilFields>,
     /// 3.14+: count of code objects freed (see `python::code`).
     pub code_object_generation: Option<u64>,
+    /// 3.13: `func_state.next_version`, the counter each new code object
+    /// takes its `co_version` from (3.12 keeps it in a global instead).
+    pub code_version_counter: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -319,6 +322,7 @@ impl Offsets {
                 gil: f.gil("interpreter_state.gil_runtime_state_locked", "interpreter_state.gil_runtime_state_holder"),
                 // 0 is where the field is compiled out, not an offset.
                 code_object_generation: f.opt("interpreter_state.code_object_generation").filter(|&off| off != 0),
+                code_version_counter: f.opt("interpreter_state.code_version_counter"),
             },
             thread: ThreadOffsets {
                 size: f.get("thread_state.size")?,
@@ -395,6 +399,8 @@ impl Offsets {
             inf.push(("gil_holder", g.holder, 8));
         }
         inf.extend(i.code_object_generation.map(|o| ("code_object_generation", o, 8)));
+        // Read as the 8-byte word holding it (tail words are words).
+        inf.extend(i.code_version_counter.map(|o| ("code_version_counter", o, 8)));
         check("interpreter_state", i.size, &inf)?;
         let fr = &self.frame;
         let instr_width = if self.layout.lasti == LastiUnit::InstrPtr { 8 } else { 4 };

@@ -9,11 +9,18 @@
 //!   was freed in between, so nothing took the address; no read of the
 //!   object at all, which is what makes a deep stack cheap (each object costs
 //!   a page, and pages are what a `process_vm_readv` pays for).
+//! - 3.12–3.13: likewise the counter each new code object takes its
+//!   `co_version` from (3.13: per interpreter, at an offset from the
+//!   headers; 3.12: the global `_Py_next_func_version`, where the symbol
+//!   table names it). Unchanged, no code object was made, so none took the
+//!   address. Its place is ours, not the target's, so a patch release could
+//!   move it: it is trusted only once a live object's version sits just
+//!   below it, and never again if one does not.
 //! - An object inside the interpreter's own image (3.11 and 3.12 compile
 //!   the startup modules' code into libpython) is static and never freed:
 //!   its address is proof. Likewise a name string there (3.11's `_Py_ID`
 //!   names: `<module>`, `<lambda>`, ...) needs no check of its contents.
-//! - 3.12+: the same `co_version`, a serial number each new code object takes
+//! - 3.12+ otherwise: the same `co_version`, a serial number each new code object takes
 //!   from a counter that never repeats (per interpreter from 3.13, so the
 //!   interpreter is part of the check); 0 means the counter ran out.
 //! - Otherwise (≤ 3.11, or an exhausted counter): the same name string, by
@@ -84,10 +91,17 @@ pub struct CodeCacheStats {
     pub reads: u64,
 }
 
-/// One interpreter's code-object generation as this sample knows it.
+/// One interpreter's code-object generation as this sample knows it: a
+/// counter that moves whenever a code object could have taken a freed one's
+/// address (3.14+ count frees; 3.12–3.13 hand out each new object's
+/// `co_version`).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Generations {
     pub interp: u64,
+    /// The counter hands out `co_version`s (3.12–3.13): its location comes
+    /// from our offsets or a symbol, not from the target, so it is trusted
+    /// only once the objects' own versions agree with it.
+    pub created: bool,
     /// Read before any byte of this sample: entries checked in this sample are
     /// stamped with it.
     pub before: Option<u64>,
@@ -134,6 +148,20 @@ struct Entry {
     stamp: Option<(u64, u64)>,
 }
 
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Counter {
+    #[default]
+    Unknown,
+    Trusted,
+    Distrusted,
+}
+
+/// How far above a live object's `co_version` the counter may first be
+/// seen for its word to be trusted: 16 M code objects made since one that
+/// is still running, far more than a program makes, and far fewer than the
+/// values a word that is not the counter usually holds.
+const COUNTER_SPAN: u32 = 1 << 24;
+
 /// Bounded so a program that creates code objects forever cannot grow us forever.
 const MAX_ENTRIES: usize = 1 << 16;
 
@@ -151,6 +179,8 @@ pub struct CodeCache {
     unproven: bool,
     /// The interpreter's own image (avma ranges): strings there are static.
     image: Vec<(u64, u64)>,
+    /// Whether a `co_version` counter (`Generations::created`) has been checked.
+    counter: Counter,
     pub stats: CodeCacheStats,
 }
 
@@ -159,6 +189,32 @@ impl CodeCache {
     /// executable) occupies `image`.
     pub fn new(image: Vec<(u64, u64)>) -> CodeCache {
         CodeCache { image, ..CodeCache::default() }
+    }
+
+    /// Whether `gens.after` can prove an entry: always for a count of frees
+    /// (the target's own `_Py_DebugOffsets` says where it is); for a
+    /// version counter, once trusted and unless exhausted (then it stays 0
+    /// and would prove anything).
+    fn counter_proves(&self, gens: Generations) -> bool {
+        match gens.after {
+            None => false,
+            Some(_) if !gens.created => true,
+            Some(g) => self.counter == Counter::Trusted && g as u32 != 0,
+        }
+    }
+
+    /// A code object that existed when `after` was read has a `co_version`
+    /// below it. One at or above it means the word is not the counter
+    /// (offsets wrong for this build): never trust it again. Trust needs a
+    /// version below and near it, so a constant word (a pointer's low half,
+    /// say) does not pass by being large.
+    fn check_counter(&mut self, version: u32, after: Option<u64>) {
+        let Some(c) = after.map(|g| g as u32).filter(|&c| c != 0 && version != 0) else { return };
+        if version >= c {
+            self.counter = Counter::Distrusted;
+        } else if self.counter == Counter::Unknown && c - version < COUNTER_SPAN {
+            self.counter = Counter::Trusted;
+        }
     }
 
     /// A name string compiled into the interpreter (3.11+'s `_Py_ID`
@@ -212,6 +268,7 @@ impl CodeCache {
     fn lookup(&mut self, src: &Sources, o: &Offsets, addr: u64, frame_at: u64, gens: Generations) -> Result<(Arc<CodeInfo>, Ident)> {
         let epoch = self.epoch;
         let fixed = self.in_image(addr);
+        let proves = self.counter_proves(gens);
         if let Some(e) = self.entries.get_mut(&addr) {
             if e.epoch == epoch {
                 self.stats.hits += 1;
@@ -228,7 +285,7 @@ impl CodeCache {
                 return Ok((e.info.clone(), e.ident));
             }
             // The counter must have been read after the frame.
-            if frame_at < src.gens_at && gens.after.is_some() && e.stamp == gens.after.map(|g| (gens.interp, g)) {
+            if frame_at < src.gens_at && proves && e.stamp == gens.after.map(|g| (gens.interp, g)) {
                 e.epoch = epoch;
                 self.stats.hits += 1;
                 self.stats.generation_hits += 1;
@@ -239,6 +296,12 @@ impl CodeCache {
         let fp = self.fingerprint(mem, o, addr, gens.interp)?;
         let stamp = gens.before.map(|g| (gens.interp, g));
         let is_static = self.static_name(fp.name);
+        // Only an object that matches its entry is known to be a code object
+        // (a torn frame points at anything), and only one read before the
+        // counter can be held against it.
+        if gens.created && self.entries.get(&addr).is_some_and(|e| e.fp == fp) && mem.read_time(addr, 8).0 < src.gens_at {
+            self.check_counter(fp.version, gens.after);
+        }
         if let Some(e) = self.entries.get_mut(&addr) {
             // The name is read only when all else agrees: a frame torn under
             // us names garbage, and its "name" would cost three more reads.
@@ -411,4 +474,35 @@ fn name_ident(o: &Offsets, addr: u64, fp: &Fingerprint, is_static: bool, data_at
         return Ident { words: [(name_at, fp.name), (0, 0), (0, 0)], n: 1 };
     }
     Ident { words: [(name_at, fp.name), (fp.name + o.object.unicode_length + 8, hash), (fp.name + data_at, first8)], n: 3 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn created(after: u64) -> Generations {
+        Generations { interp: 1, created: true, before: None, after: Some(after) }
+    }
+
+    /// A counter located by our own offsets proves nothing until a live
+    /// object's version sits just below it, and nothing ever again once one
+    /// does not; an exhausted counter (0) proves nothing.
+    #[test]
+    fn a_version_counter_is_trusted_only_while_the_versions_agree() {
+        let mut c = CodeCache::default();
+        assert!(!c.counter_proves(created(100)), "unchecked");
+        c.check_counter(5, Some(5 + COUNTER_SPAN as u64));
+        assert!(!c.counter_proves(created(100)), "too far above the version");
+        c.check_counter(0, Some(100));
+        assert!(!c.counter_proves(created(100)), "version 0 is an exhausted counter's");
+        c.check_counter(99, Some(100));
+        assert!(c.counter_proves(created(100)));
+        assert!(!c.counter_proves(created(1 << 32)), "the counter's half of the word is 0");
+        c.check_counter(100, Some(100));
+        assert!(!c.counter_proves(created(101)), "a version at or above the word: it is not the counter");
+        c.check_counter(10, Some(200));
+        assert!(!c.counter_proves(created(200)), "distrust is for good");
+        // A count of frees comes from the target's own debug offsets.
+        assert!(CodeCache::default().counter_proves(Generations { created: false, ..created(7) }));
+    }
 }

@@ -584,6 +584,13 @@ static int debug_table(void)
     section("code_object");
     OFF("firsttraceable", PyCodeObject, _co_firsttraceable);
     OFF("co_version", PyCodeObject, co_version);
+#  if PY_VERSION_HEX < 0x030E0000
+    /* 3.13: where new code objects take co_version from. Unchanged, it
+       proves no code object was made, so none took a freed one's address
+       (3.14+ count frees instead, in _Py_DebugOffsets). */
+    section("interpreter_state");
+    OFF("code_version_counter", PyInterpreterState, func_state.next_version);
+#  endif
 
     section("unicode_object");
     SIZE_AS("compact_size", PyCompactUnicodeObject);
