@@ -15,7 +15,7 @@ use crate::process::{task_comm, task_state};
 use crate::python::code::{CodeCache, Generations, Sources};
 use crate::python::frames::{EvalGroup, Frame, FrameWalker};
 use crate::python::thread_names::NameCache;
-use crate::python::threads::{ThreadState, find_pthread_tid_offset, gil_holder, thread_states};
+use crate::python::threads::{ThreadList, ThreadState, find_pthread_tid_offset, gil_holder};
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ThreadStack {
@@ -80,6 +80,7 @@ pub struct Session {
     py_names: NameCache,
     codes: CodeCache,
     walker: FrameWalker,
+    threads: ThreadList,
     states: Vec<ThreadState>,
     /// ≤ 3.10: where glibc keeps the tid in `struct pthread`, once found,
     /// and when it was last looked for (a search that failed, e.g. while the
@@ -132,6 +133,7 @@ impl Session {
             py_names: NameCache::default(),
             codes,
             walker: FrameWalker::default(),
+            threads: ThreadList::default(),
             states: Vec::new(),
             pthread_tid_offset: None,
             pthread_tid_searched: None,
@@ -149,6 +151,11 @@ impl Session {
 
     pub fn code_cache_stats(&self) -> crate::python::code::CodeCacheStats {
         self.codes.stats
+    }
+
+    /// Thread lists followed from a remembered head (see [`ThreadList`]).
+    pub fn threads_by_head(&self) -> u64 {
+        self.threads.by_head
     }
 
     pub fn prefetch_stats(&self) -> crate::process::prefetch::PrefetchStats {
@@ -232,7 +239,7 @@ impl Session {
         let (code_view, code_fresh) = (view.code(false), view.code(true));
         let code = Sources { held: &code_view, fresh: &code_fresh, gens_at: self.prefetch.tail_time() };
         let mem: &dyn RemoteMemory = &view;
-        thread_states(mem, o, a.runtime, &mut self.states, &mut self.ts_buf)?;
+        self.threads.read(mem, o, a.runtime, &mut self.states, &mut self.ts_buf)?;
         if let Some(chunk_off) = o.thread.datastack_chunk {
             // 3.11+: a thread's frames sit in its current data-stack chunk;
             // reading the chunk's first 16 KiB (CPython's smallest chunk size,

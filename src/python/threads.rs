@@ -26,45 +26,114 @@ pub struct ThreadState {
 /// Every thread state of every interpreter, in interpreter order. `buf` is
 /// scratch the caller keeps, so a sample allocates nothing here.
 pub fn thread_states(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, out: &mut Vec<ThreadState>, buf: &mut Vec<u8>) -> Result<()> {
+    all_threads(mem, o, runtime, out, buf).map(|_| ())
+}
+
+/// [`thread_states`], and (interpreter, first thread state) when there is one
+/// interpreter with at least one thread.
+fn all_threads(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, out: &mut Vec<ThreadState>, buf: &mut Vec<u8>) -> Result<Option<(u64, u64)>> {
     out.clear();
     let mut interp = mem.read_u64(runtime + o.runtime.interpreters_head)?;
-    buf.resize(o.thread.used_len() as usize, 0);
     let mut n_interp = 0;
+    let mut single = None;
     while interp != 0 {
         n_interp += 1;
         if n_interp > MAX_INTERPRETERS {
             return Err(Error::Corrupt("interpreter list does not end".into()));
         }
-        let mut ts = mem.read_u64(interp + o.interp.threads_head)?;
-        let first = out.len();
-        while ts != 0 {
-            if out.len() - first >= MAX_THREADS || out[first..].iter().any(|t| t.addr == ts) {
-                return Err(Error::Corrupt("thread list does not end".into()));
-            }
-            mem.read(ts, buf)?;
-            let owner = field_u64(buf, o.thread.interp as usize);
-            if owner != interp {
-                return Err(Error::Corrupt(format!("thread state {ts:#x} belongs to {owner:#x}, not {interp:#x}")));
-            }
-            let mut frame = field_u64(buf, o.thread.current_frame as usize);
-            let mut frame_field = ts + o.thread.current_frame;
-            if let (Some(cf), true) = (o.thread.cframe_current_frame, frame != 0) {
-                frame_field = frame + cf;
-                frame = mem.read_u64(frame_field)?;
-            }
-            out.push(ThreadState {
-                addr: ts,
-                interp,
-                thread_id: field_u64(buf, o.thread.thread_id as usize),
-                native_id: o.thread.native_thread_id.map(|off| field_u64(buf, off as usize)),
-                frame,
-                frame_field,
-            });
-            ts = field_u64(buf, o.thread.next as usize);
-        }
+        let head = mem.read_u64(interp + o.interp.threads_head)?;
+        interp_threads(mem, o, interp, head, false, out, buf)?;
+        single = (n_interp == 1 && head != 0).then_some((interp, head));
         interp = mem.read_u64(interp + o.interp.next)?;
     }
+    Ok(single.filter(|_| n_interp == 1))
+}
+
+/// Append the thread states of `interp` from `head` on. `linked`: also
+/// require the list's back links to agree (the head's `prev` null, each
+/// other's the one before), which is what proves `head` still heads it.
+fn interp_threads(mem: &dyn RemoteMemory, o: &Offsets, interp: u64, head: u64, linked: bool, out: &mut Vec<ThreadState>, buf: &mut Vec<u8>) -> Result<()> {
+    buf.resize(o.thread.used_len() as usize, 0);
+    let first = out.len();
+    let (mut ts, mut prev) = (head, 0);
+    while ts != 0 {
+        if out.len() - first >= MAX_THREADS || out[first..].iter().any(|t| t.addr == ts) {
+            return Err(Error::Corrupt("thread list does not end".into()));
+        }
+        mem.read(ts, buf)?;
+        let owner = field_u64(buf, o.thread.interp as usize);
+        if owner != interp {
+            return Err(Error::Corrupt(format!("thread state {ts:#x} belongs to {owner:#x}, not {interp:#x}")));
+        }
+        if linked && field_u64(buf, o.thread.prev as usize) != prev {
+            return Err(Error::Corrupt(format!("thread state {ts:#x} is not linked where it was")));
+        }
+        let mut frame = field_u64(buf, o.thread.current_frame as usize);
+        let mut frame_field = ts + o.thread.current_frame;
+        if let (Some(cf), true) = (o.thread.cframe_current_frame, frame != 0) {
+            frame_field = frame + cf;
+            frame = mem.read_u64(frame_field)?;
+        }
+        out.push(ThreadState {
+            addr: ts,
+            interp,
+            thread_id: field_u64(buf, o.thread.thread_id as usize),
+            native_id: o.thread.native_thread_id.map(|off| field_u64(buf, off as usize)),
+            frame,
+            frame_field,
+        });
+        prev = ts;
+        ts = field_u64(buf, o.thread.next as usize);
+    }
     Ok(())
+}
+
+/// How many reads may follow the list from a remembered head before the
+/// interpreter's own pointer to it is read again. Counted in reads, not
+/// time: the page dropped from the sample's planned call costs a syscall of
+/// its own when it is read again, so this is also the share of reads that
+/// pay one (1/64), at any rate.
+const RECHECK: u32 = 64;
+
+/// Thread discovery for a sampler: with one interpreter (nearly every
+/// program), the interpreter's head-of-list pointer costs a page of its own
+/// each sample, and need not be read. CPython only ever adds a thread at
+/// the head, setting the old head's `prev`; removing the head clears the
+/// next one's `prev`; and it never adds an interpreter but at the head of
+/// the runtime's list (still read each sample). So while the runtime's first
+/// interpreter is the one remembered and the remembered head has a null
+/// `prev` and every thread after it points back at the one before, the list
+/// read from that head is the interpreter's list. One case looks the same:
+/// the last thread removed, its memory freed but untouched (interpreter
+/// shutdown, in practice). So the interpreter's pointer is read again every
+/// [`RECHECK`] reads, and whenever the links disagree.
+#[derive(Default)]
+pub struct ThreadList {
+    /// (interpreter, first thread state) at the last full read.
+    single: Option<(u64, u64)>,
+    /// Reads by the remembered head since the last full read.
+    since_full: u32,
+    /// Reads that went by the remembered head (for tests).
+    pub by_head: u64,
+}
+
+impl ThreadList {
+    pub fn read(&mut self, mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, out: &mut Vec<ThreadState>, buf: &mut Vec<u8>) -> Result<()> {
+        if let Some((interp, head)) = self.single.filter(|_| self.since_full < RECHECK) {
+            if mem.read_u64(runtime + o.runtime.interpreters_head)? == interp {
+                out.clear();
+                if interp_threads(mem, o, interp, head, true, out, buf).is_ok() {
+                    self.by_head += 1;
+                    self.since_full += 1;
+                    return Ok(());
+                }
+            }
+        }
+        self.single = None;
+        self.single = all_threads(mem, o, runtime, out, buf)?;
+        self.since_full = 0;
+        Ok(())
+    }
 }
 
 /// The thread state that last took the GIL, if the GIL is held right now.
