@@ -8,7 +8,30 @@ mod common;
 use common::*;
 use pyprof::attach::AttachOptions;
 use pyprof::profile::model::Profile;
+use pyprof::python::frames::Frame;
 use pyprof::session::{Session, SnapshotNeeds};
+
+/// Attach to a fresh `script` target (kept alive alongside the session).
+fn attach(py: &Interpreter, script: &str) -> (TargetProcess, Session) {
+    let target = py.spawn(script, &[]);
+    let s = Session::attach(target.pid(), &AttachOptions::default()).unwrap_or_else(|e| panic!("{}: attach: {e}", py.label));
+    (target, s)
+}
+
+/// Take `n` snapshots, hand each main thread's frames (innermost first) to
+/// `check`, and return how many succeeded (a torn one is simply skipped).
+fn snapshots(s: &mut Session, n: usize, mut check: impl FnMut(&[Frame])) -> u64 {
+    let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false };
+    let mut ok = 0;
+    for _ in 0..n {
+        if let Ok(t) = s.snapshot(needs) {
+            check(&t[0].frames);
+            ok += 1;
+            s.recycle(t);
+        }
+    }
+    ok
+}
 
 /// `code_churn.py` makes a new code object `f_K` every round, mostly at the
 /// address the last round's `f_J` was freed from, and `f_K` calls `spin_K`.
@@ -64,23 +87,13 @@ fn reused_code_addresses_never_name_the_old_function() {
 #[test]
 fn code_counters_replace_code_reads_on_3_12_and_later() {
     for_each_interpreter(|py| {
-        let target = py.spawn("deep_spin.py", &[]);
-        let mut s = Session::attach(target.pid(), &AttachOptions::default()).unwrap_or_else(|e| panic!("{}: attach: {e}", py.label));
-        let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false };
-        let mut ok = 0;
-        let mut start = None;
-        for i in 0..300 {
-            if i == 100 {
-                (start, ok) = (Some(s.code_cache_stats()), 0);
-            }
-            if let Ok(t) = s.snapshot(needs) {
-                assert!(t[0].frames.iter().filter(|f| &*f.function == "down").count() == 21, "{}: {:?}", py.label, t[0].frames);
-                ok += 1;
-                s.recycle(t);
-            }
-        }
+        let (_target, mut s) = attach(py, "deep_spin.py");
+        let check = |f: &[Frame]| assert!(f.iter().filter(|f| &*f.function == "down").count() == 21, "{}: {f:?}", py.label);
+        snapshots(&mut s, 100, check);
+        let a = s.code_cache_stats();
+        let ok = snapshots(&mut s, 200, check);
         assert!(ok > 150, "{}: {ok} of 200 snapshots", py.label);
-        let (a, b) = (start.unwrap(), s.code_cache_stats());
+        let b = s.code_cache_stats();
         let (gen_hits, reads) = (b.generation_hits - a.generation_hits, b.reads - a.reads);
         if py.minor >= 12 {
             assert!(gen_hits >= 2 * ok && reads < 20, "{}: {gen_hits} generation hits, {reads} reads in {ok} snapshots", py.label);
@@ -101,9 +114,8 @@ fn the_code_version_counter_is_where_pyprof_looks() {
     use pyprof::attach::CodeCounter;
     use pyprof::process::memory::RemoteMemory;
     for_each_interpreter(|py| {
-        let target = py.spawn("fresh_code.py", &[]);
+        let (target, s) = attach(py, "fresh_code.py");
         let code: u64 = target.first_line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("ready line");
-        let s = Session::attach(target.pid(), &AttachOptions::default()).unwrap_or_else(|e| panic!("{}: attach: {e}", py.label));
         let a = &s.attached;
         let interp = a.mem.read_u64(a.runtime + a.offsets.runtime.interpreters_head).unwrap();
         match (py.minor, a.code_counter(interp)) {
@@ -128,17 +140,8 @@ fn the_code_version_counter_is_where_pyprof_looks() {
 #[test]
 fn names_compiled_into_the_interpreter_are_not_read() {
     for_each_interpreter(|py| {
-        let target = py.spawn("deep_spin.py", &[]);
-        let mut s = Session::attach(target.pid(), &AttachOptions::default()).unwrap_or_else(|e| panic!("{}: attach: {e}", py.label));
-        let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false };
-        let mut ok = 0;
-        for _ in 0..200 {
-            if let Ok(t) = s.snapshot(needs) {
-                assert_eq!(t[0].frames.last().map(|f| &*f.function), Some("<module>"), "{}: {:?}", py.label, t[0].frames);
-                ok += 1;
-                s.recycle(t);
-            }
-        }
+        let (_target, mut s) = attach(py, "deep_spin.py");
+        let ok = snapshots(&mut s, 200, |f| assert_eq!(f.last().map(|f| &*f.function), Some("<module>"), "{}: {f:?}", py.label));
         assert!(ok > 100, "{}: {ok} of 200 snapshots", py.label);
         let st = s.code_cache_stats();
         let heap = st.name_checks - st.static_names;
@@ -167,18 +170,11 @@ fn names_compiled_into_the_interpreter_are_not_read() {
 #[test]
 fn code_compiled_into_the_interpreter_is_read_once() {
     for_each_interpreter(|py| {
-        let target = py.spawn("via_runpy.py", &[]);
-        let mut s = Session::attach(target.pid(), &AttachOptions::default()).unwrap_or_else(|e| panic!("{}: attach: {e}", py.label));
-        let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false };
-        let mut ok = 0;
-        for _ in 0..200 {
-            if let Ok(t) = s.snapshot(needs) {
-                let names: Vec<&str> = t[0].frames.iter().rev().map(|f| &*f.function).take(5).collect();
-                assert_eq!(names, ["<module>", "run_path", "_run_module_code", "_run_code", "<module>"], "{}", py.label);
-                ok += 1;
-                s.recycle(t);
-            }
-        }
+        let (_target, mut s) = attach(py, "via_runpy.py");
+        let ok = snapshots(&mut s, 200, |f| {
+            let names: Vec<&str> = f.iter().rev().map(|f| &*f.function).take(5).collect();
+            assert_eq!(names, ["<module>", "run_path", "_run_module_code", "_run_code", "<module>"], "{}", py.label);
+        });
         assert!(ok > 100, "{}: {ok} of 200 snapshots", py.label);
         let hits = s.code_cache_stats().static_hits;
         if py.minor == 11 || py.minor == 12 {
