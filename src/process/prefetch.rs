@@ -31,6 +31,13 @@ use crate::process::memory::{RemoteMemory, VmReader, field_u64};
 /// was mapped when it was made (one fault would void every later range).
 const MERGE_GAP: u64 = 512;
 const PAGE: u64 = 4096;
+
+/// Whether a range starting at `start` lies on the page where one ending at
+/// `end` (exclusive) ends, or the next: read as one, they add no page that
+/// neither touches, so none that may be unmapped.
+pub fn on_next_page(end: u64, start: u64) -> bool {
+    start / PAGE <= (end - 1) / PAGE + 1
+}
 /// A plan is capped so a pathological sample cannot make every later one huge.
 const MAX_PLAN_BYTES: u64 = 4 << 20;
 const MAX_PLAN_RANGES: usize = 512;
@@ -90,7 +97,7 @@ fn coalesce(plan: &Plan, phase: usize, out: &mut Vec<(u64, u64, usize)>) {
     let first = out.len();
     for &(s, e, _) in plan {
         match out[first..].last_mut() {
-            Some(last) if s / PAGE <= (last.1 - 1) / PAGE + 1 => last.1 = last.1.max(e),
+            Some(last) if on_next_page(last.1, s) => last.1 = last.1.max(e),
             _ => out.push((s, e, phase)),
         }
     }

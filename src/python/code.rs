@@ -217,15 +217,10 @@ impl CodeCache {
         }
     }
 
-    /// A name string compiled into the interpreter (3.11+'s `_Py_ID`
-    /// strings: `<module>`, `<lambda>`, `<genexpr>`, ...) is never freed,
-    /// so its address alone names it: checking its contents would cost a
-    /// page per sample for nothing.
-    fn static_name(&self, name: u64) -> bool {
-        self.in_image(name)
-    }
-
-    /// Memory no allocator hands out: an object there is static.
+    /// Memory no allocator hands out: an object there is static. A name
+    /// string there (3.11's `_Py_ID`s: `<module>`, `<lambda>`, ...) is never
+    /// freed, so its address alone names it; checking its contents would
+    /// cost a page per sample for nothing.
     fn in_image(&self, addr: u64) -> bool {
         self.image.iter().any(|&(s, e)| (s..e).contains(&addr))
     }
@@ -295,7 +290,7 @@ impl CodeCache {
         let mem = src.held;
         let fp = self.fingerprint(mem, o, addr, gens.interp)?;
         let stamp = gens.before.map(|g| (gens.interp, g));
-        let is_static = self.static_name(fp.name);
+        let is_static = self.in_image(fp.name);
         // Only an object that matches its entry is known to be a code object
         // (a torn frame points at anything), and only one read before the
         // counter can be held against it.
@@ -386,8 +381,10 @@ impl CodeCache {
             return Err(Error::Corrupt(format!("code object at {addr:#x} changed while read")));
         }
         let hash = field_u64(&name_head2, (ob.unicode_length + 8) as usize);
-        let is_static = self.static_name(fp.name);
-        let ident = version_ident(o, addr, &fp).unwrap_or_else(|| name_ident(o, addr, &fp, is_static, name_shape.data_at, hash, u64::from_le_bytes(first8)));
+        let is_static = self.in_image(fp.name);
+        let ident = version_ident(o, addr, &fp).unwrap_or_else(|| {
+            if is_static { static_name_ident(o, addr, &fp) } else { name_ident(o, addr, &fp, name_shape.data_at, hash, u64::from_le_bytes(first8)) }
+        });
         let info = Arc::new(CodeInfo {
             name: decode_unicode(name_shape, &name).into(),
             filename: decode_unicode(file_shape, &file).into(),
@@ -434,7 +431,7 @@ fn ident_of(mem: &dyn RemoteMemory, o: &Offsets, addr: u64, fp: &Fingerprint, is
         return Ok(ident);
     }
     if is_static {
-        return Ok(name_ident(o, addr, fp, true, 0, 0, 0));
+        return Ok(static_name_ident(o, addr, fp));
     }
     // One read from the header through an ASCII name's first 8 characters
     // (inside the object: see name_ident), not one per word: on a miss each
@@ -450,7 +447,7 @@ fn ident_of(mem: &dyn RemoteMemory, o: &Offsets, addr: u64, fp: &Fingerprint, is
     } else {
         (ob.unicode_compact_size, mem.read_u64(fp.name + ob.unicode_compact_size)?)
     };
-    Ok(name_ident(o, addr, fp, false, data_at, hash, first8))
+    Ok(name_ident(o, addr, fp, data_at, hash, first8))
 }
 
 /// The aligned word holding co_version; its other half is co_nfreevars in
@@ -466,14 +463,15 @@ fn version_ident(o: &Offsets, addr: u64, fp: &Fingerprint) -> Option<Ident> {
 /// name has one; PyASCIIObject is PyObject_HEAD, length, hash, state in
 /// 3.8–3.15) and its first 8 bytes of characters (within the object: CPython
 /// allocates in 16-byte steps past a 40-byte or larger header), which another
-/// function's name at the same address will not share. A static name
-/// (`is_static`) is the pointer alone.
-fn name_ident(o: &Offsets, addr: u64, fp: &Fingerprint, is_static: bool, data_at: u64, hash: u64, first8: u64) -> Ident {
+/// function's name at the same address will not share.
+fn name_ident(o: &Offsets, addr: u64, fp: &Fingerprint, data_at: u64, hash: u64, first8: u64) -> Ident {
     let name_at = addr + o.code.qualname.unwrap_or(o.code.name);
-    if is_static {
-        return Ident { words: [(name_at, fp.name), (0, 0), (0, 0)], n: 1 };
-    }
     Ident { words: [(name_at, fp.name), (fp.name + o.object.unicode_length + 8, hash), (fp.name + data_at, first8)], n: 3 }
+}
+
+/// A name in the interpreter's image is never freed: the pointer to it alone.
+fn static_name_ident(o: &Offsets, addr: u64, fp: &Fingerprint) -> Ident {
+    Ident { words: [(addr + o.code.qualname.unwrap_or(o.code.name), fp.name), (0, 0), (0, 0)], n: 1 }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::offsets::{FrameKind, LastiUnit, Offsets};
 use crate::process::memory::{RemoteMemory, field_u8, field_u32, field_u64};
+use crate::process::prefetch::on_next_page;
 use crate::python::code::{CodeCache, CodeInfo, Generations, Sources};
 
 /// Deeper than CPython's default recursion limit allows, with room to spare.
@@ -108,11 +109,6 @@ fn put_frame(out: &mut Vec<Frame>, i: usize, code: &CodeInfo, line: i32) {
     }
 }
 
-/// Words on the same or neighbouring pages are re-read as one span: no page
-/// lies between them that was not just read (so none can be unmapped), and
-/// the kernel's cost is per span and per page, hardly per byte.
-const PAGE: u64 = 4096;
-
 /// Append the 8-byte words at `addrs` to `out` as sorted, merged spans.
 fn push_spans(out: &mut Vec<(u64, u64, usize)>, addrs: impl Iterator<Item = u64>) {
     let start = out.len();
@@ -121,7 +117,9 @@ fn push_spans(out: &mut Vec<(u64, u64, usize)>, addrs: impl Iterator<Item = u64>
     let mut w = start;
     for r in start..out.len() {
         let (s, e, _) = out[r];
-        if w > start && s / PAGE <= (out[w - 1].1 - 1) / PAGE + 1 {
+        // Words on the same or neighbouring pages share a span: the
+        // kernel's cost is per span and per page, hardly per byte.
+        if w > start && on_next_page(out[w - 1].1, s) {
             out[w - 1].1 = out[w - 1].1.max(e);
         } else {
             out[w] = (s, e, 0);

@@ -43,7 +43,9 @@ fn all_threads(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, out: &mut Vec<
         }
         let head = mem.read_u64(interp + o.interp.threads_head)?;
         interp_threads(mem, o, interp, head, false, out, buf)?;
-        single = (n_interp == 1 && head != 0).then_some((interp, head));
+        if n_interp == 1 && head != 0 {
+            single = Some((interp, head));
+        }
         interp = mem.read_u64(interp + o.interp.next)?;
     }
     Ok(single.filter(|_| n_interp == 1))
@@ -129,6 +131,7 @@ impl ThreadList {
                 }
             }
         }
+        // Forgotten first, so a failed read leaves nothing to follow.
         self.single = None;
         self.single = all_threads(mem, o, runtime, out, buf)?;
         self.since_full = 0;
