@@ -37,7 +37,7 @@ fn snapshots(s: &mut Session, n: usize, mut check: impl FnMut(&[Frame])) -> u64 
 /// address the last round's `f_J` was freed from, and `f_K` calls `spin_K`.
 /// So `spin_K`'s caller must always be `f_K`; a cache that trusted the old
 /// entry would name it `f_J`. Torn reads are caught elsewhere and allowed
-/// here at the rate `torn_stacks_are_rare` allows; a stale cache would be
+/// here at the rate below; a stale cache would be
 /// wrong on most samples.
 #[test]
 fn reused_code_addresses_never_name_the_old_function() {

@@ -127,6 +127,10 @@ pub struct FrameOffsets {
     /// 3.11 only: a bool set on the first frame an eval-loop call pushed
     /// (3.12+ mark that boundary with a shim frame instead, see `owner`).
     pub is_entry: Option<u64>,
+    /// 3.11–3.13: `stacktop`, an int the eval loop sets to -1 whenever it
+    /// resumes the frame and saves before every inlined call. A frame with a
+    /// Python callee pushed by such a call can therefore never show -1.
+    pub stacktop: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -297,6 +301,7 @@ impl Offsets {
                 instr: f.get("frame_object.lasti")?,
                 owner: None,
                 is_entry: None,
+                stacktop: None,
             },
             FrameKind::InterpreterFrame => FrameOffsets {
                 size: f.get("interpreter_frame.size")?,
@@ -305,6 +310,7 @@ impl Offsets {
                 instr: f.get("interpreter_frame.instr_ptr")?,
                 owner: f.opt("interpreter_frame.owner"),
                 is_entry: f.opt("interpreter_frame.is_entry"),
+                stacktop: f.opt("interpreter_frame.stacktop"),
             },
         };
         let names = layout.instance_dict.and_then(|kind| name_offsets(&f, kind));
@@ -407,6 +413,8 @@ impl Offsets {
         let mut ff = vec![("previous", fr.previous, 8), ("code", fr.code, 8), ("instr", fr.instr, instr_width)];
         ff.extend(fr.owner.map(|o| ("owner", o, 1)));
         ff.extend(fr.is_entry.map(|o| ("is_entry", o, 1)));
+        // Re-read as the 8-byte word holding it (see `FrameWalker::walk`).
+        ff.extend(fr.stacktop.map(|o| ("stacktop", o, 8)));
         check("frame", fr.size, &ff)?;
         let c = &self.code;
         let mut cf = vec![("filename", c.filename, 8), ("name", c.name, 8), ("linetable", c.linetable, 8), ("firstlineno", c.firstlineno, 4)];

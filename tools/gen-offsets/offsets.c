@@ -424,6 +424,9 @@ static void full_table(void)
 #    if PY_VERSION_HEX < 0x030C0000
     OFF("is_entry", _PyInterpreterFrame, is_entry);     /* 3.12 uses FRAME_OWNED_BY_CSTACK */
 #    endif
+    /* -1 while the frame runs; saved at every inlined call (a frame with a
+       Python callee directly above it shows its depth there). */
+    OFF("stacktop", _PyInterpreterFrame, stacktop);
 #  else
     section("frame_object");
     SIZE(PyFrameObject);
@@ -585,6 +588,10 @@ static int debug_table(void)
     OFF("firsttraceable", PyCodeObject, _co_firsttraceable);
     OFF("co_version", PyCodeObject, co_version);
 #  if PY_VERSION_HEX < 0x030E0000
+    /* 3.13: -1 while the frame runs, saved at every inlined call. 3.14
+       keeps stackpointer set in release builds, so it marks nothing there. */
+    section("interpreter_frame");
+    OFF("stacktop", _PyInterpreterFrame, stacktop);
     /* 3.13: where new code objects take co_version from. Unchanged, it
        proves no code object was made, so none took a freed one's address
        (3.14+ count frees instead, in _Py_DebugOffsets). */
