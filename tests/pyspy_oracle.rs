@@ -28,6 +28,11 @@
 //!   to a name heuristic that calls every thread here active, so `active` is
 //!   compared (against pyprof's on_cpu: both false, the target is stopped)
 //!   only where py-spy has the tid, 3.11+.
+//! - 3.13+ run a specialised `__init__` above a trampoline frame whose code
+//!   object is named `__init__` with file `__init__`; CPython hides it (its
+//!   instruction precedes `_co_firsttraceable`), py-spy 0.4.3 shows it. Such frames are dropped from py-spy's
+//!   side, from 3.13 on, before comparing; the dump test holds pyprof to the
+//!   interpreter's own view.
 //!
 //! On any disagreement the failure message says which side matches the
 //! interpreter's own report (the first stdout line of stacks.py).
@@ -229,7 +234,10 @@ fn pyspy_and_pyprof_agree_on_a_frozen_target() {
             }
 
             // Frames, innermost first: count, name, file, line.
-            let spy_frames = frames(spy, "name", "filename");
+            let mut spy_frames = frames(spy, "name", "filename");
+            if py.minor >= 13 {
+                spy_frames.retain(|f| (f.0.as_str(), f.1.as_str()) != ("__init__", "__init__"));
+            }
             let my_frames = frames(me, "function", "file");
             assert!(spy_frames == my_frames, "{ctx}: {}", explain(&spy_frames, &my_frames, own.get(&native)));
 

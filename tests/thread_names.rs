@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use serde_json::Value;
 
-const EXPECTED: &[&str] = &["MainThread", "sleeper", "blocked", "recursive", "generator", "coroutine", "ünïcødé-名前"];
+const EXPECTED: &[&str] = &["MainThread", "sleeper", "blocked", "recursive", "generator", "constructor", "coroutine", "ünïcødé-名前"];
 
 fn dump_json(pid: i32) -> Value {
     let out = pyprof(&["dump", "--pid", &pid.to_string(), "--json"]);

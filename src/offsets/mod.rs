@@ -142,6 +142,10 @@ pub struct CodeOffsets {
     pub linetable: u64,
     pub firstlineno: u64,
     pub code_adaptive: Option<u64>,
+    /// 3.11+: `_co_firsttraceable` (int), the code unit of the first RESUME.
+    /// CPython hides a frame whose instruction lies before it: its prologue
+    /// (cells, free variables) or a trampoline such as 3.13's `__init__` shim.
+    pub first_traceable: Option<u64>,
     /// 3.12+: `co_version` (u32), a serial number per code object.
     pub version: Option<u64>,
 }
@@ -249,6 +253,8 @@ pub struct Constants {
     /// (3.12+) and interpreter-owned base frames (3.14+). CPython's own test
     /// is the same `owner >= FRAME_OWNED_BY_INTERPRETER` (or `CSTACK`).
     pub first_non_python_owner: Option<u8>,
+    /// `FRAME_OWNED_BY_GENERATOR`: such frames are never incomplete.
+    pub generator_owner: Option<u8>,
     /// Low tag bits of `f_executable` (a `_PyStackRef` from 3.14).
     pub executable_tag_mask: u64,
 }
@@ -350,6 +356,7 @@ impl Offsets {
                 linetable: f.get("code_object.linetable")?,
                 firstlineno: f.get("code_object.firstlineno")?,
                 code_adaptive: f.opt("code_object.co_code_adaptive"),
+                first_traceable: f.opt("code_object.firsttraceable"),
                 version: f.opt("code_object.co_version"),
             },
             object: ObjectOffsets {
@@ -422,6 +429,7 @@ impl Offsets {
         cf.extend(c.version.map(|o| ("co_version", o, 4)));
         // co_code_adaptive is a trailing array: it may start exactly at the end.
         cf.extend(c.code_adaptive.map(|o| ("co_code_adaptive", o, 0)));
+        cf.extend(c.first_traceable.map(|o| ("firsttraceable", o, 4)));
         check("code_object", c.size, &cf)?;
         let o = &self.object;
         check("bytes_object", o.bytes_size, &[("ob_size", o.bytes_ob_size, 8), ("ob_sval", o.bytes_ob_sval, 0)])?;

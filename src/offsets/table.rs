@@ -109,6 +109,7 @@ pub fn parse(minor: u32, text: &str) -> Result<VersionFile, String> {
     let constants = Constants {
         first_non_python_owner: [owner("frame_owned_by_cstack"), owner("frame_owned_by_interpreter")].into_iter().flatten().min(),
         executable_tag_mask: consts.get("executable_tag_mask").copied().unwrap_or(0) as u64,
+        generator_owner: owner("frame_owned_by_generator"),
     };
     Ok(VersionFile { minor, provenance, layout, fields, constants, debug_fields })
 }

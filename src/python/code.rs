@@ -56,6 +56,9 @@ pub struct CodeInfo {
     pub filename: Arc<str>,
     pub firstlineno: i32,
     pub linetable: Box<[u8]>,
+    /// Instructions (code units) before this one are a prologue; 0 where
+    /// the version has no such field.
+    pub first_traceable: i32,
 }
 
 /// The fields read from the code object itself; compared on every check.
@@ -390,6 +393,7 @@ impl CodeCache {
             filename: decode_unicode(file_shape, &file).into(),
             firstlineno: fp.firstlineno as i32,
             linetable: linetable.into_boxed_slice(),
+            first_traceable: o.code.first_traceable.map_or(0, |off| field_u32(&head, off as usize) as i32),
         });
         Ok((fp, ident, info))
     }

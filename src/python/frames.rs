@@ -371,9 +371,12 @@ impl FrameWalker {
                 LastiUnit::InstrPtr => {
                     let ip = field_u64(buf, o.frame.instr as usize);
                     let start = code_addr + o.code.code_adaptive.unwrap_or(0);
-                    if ip < start {
-                        // Pushed but not started yet (CPython calls this an
-                        // incomplete frame and hides it from tracebacks too).
+                    let prologue = start + 2 * code.first_traceable.max(0) as u64;
+                    let generator = owner.is_some() && owner == o.constants.generator_owner;
+                    if ip < start || (ip < prologue && !generator) {
+                        // Pushed but not started yet, or still in its
+                        // prologue (CPython calls both incomplete and hides
+                        // them from tracebacks too).
                         if entry {
                             self.close_group(n, 0);
                         }
@@ -412,7 +415,7 @@ mod tests {
     use std::sync::Arc;
 
     fn code(name: &str) -> CodeInfo {
-        CodeInfo { name: name.into(), filename: "x.py".into(), firstlineno: 1, linetable: Box::new([]) }
+        CodeInfo { name: name.into(), filename: "x.py".into(), firstlineno: 1, linetable: Box::new([]), first_traceable: 0 }
     }
 
     /// The last sample's frames are reused only where they name the same

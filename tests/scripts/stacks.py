@@ -56,6 +56,20 @@ def recurse(n):
     time.sleep(100000)
 
 
+class Built:
+    # Called often enough to be specialised: 3.13 then runs __init__ above a
+    # hidden trampoline frame of its own, which must not show.
+    def __init__(self, last):
+        if last:
+            arrived()
+            time.sleep(100000)
+
+
+def build():
+    for i in range(50):
+        Built(i == 49)
+
+
 def gen():
     arrived()
     yield 1
@@ -114,6 +128,7 @@ workers = [
     threading.Thread(target=blocked, name="blocked", daemon=True),
     threading.Thread(target=recurse, args=(200,), name="recursive", daemon=True),
     threading.Thread(target=consume_gen, name="generator", daemon=True),
+    threading.Thread(target=build, name="constructor", daemon=True),
     threading.Thread(target=run_coro, name="coroutine", daemon=True),
     threading.Thread(target=ünïcødé_模块.функция_λ, name="ünïcødé-名前", daemon=True),
 ]
