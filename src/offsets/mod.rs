@@ -420,8 +420,7 @@ impl Offsets {
         let mut ff = vec![("previous", fr.previous, 8), ("code", fr.code, 8), ("instr", fr.instr, instr_width)];
         ff.extend(fr.owner.map(|o| ("owner", o, 1)));
         ff.extend(fr.is_entry.map(|o| ("is_entry", o, 1)));
-        // Re-read as the 8-byte word holding it (see `FrameWalker::walk`).
-        ff.extend(fr.stacktop.map(|o| ("stacktop", o, 8)));
+        ff.extend(fr.stacktop.map(|o| ("stacktop", o, 4)));
         check("frame", fr.size, &ff)?;
         let c = &self.code;
         let mut cf = vec![("filename", c.filename, 8), ("name", c.name, 8), ("linetable", c.linetable, 8), ("firstlineno", c.firstlineno, 4)];

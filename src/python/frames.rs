@@ -343,12 +343,13 @@ impl FrameWalker {
             // impossible stacks in 3 of 25 one-second recordings).
             // `stacktop` is read in the same copy as the caller's instruction,
             // so it tells whether that very instruction was a suspended call.
+            // It need not join the re-read: the instruction already does, and
+            // a caller that resumed since shows a moved instruction or a
+            // moved current-frame pointer (it adds 4 % to a 100-deep sample).
             if let (true, Some(off)) = (inlined_callee, o.frame.stacktop) {
-                let word = field_u64(buf, off as usize);
-                if word as u32 as i32 == -1 {
+                if field_u32(buf, off as usize) as i32 == -1 {
                     return Err(Error::Corrupt(format!("frame {frame:#x} was running, not calling, when read")));
                 }
-                self.links.push((frame + off, word));
             }
             inlined_callee = !entry;
             let len = self.buf.len() as u64;
