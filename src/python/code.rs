@@ -59,6 +59,9 @@ pub struct CodeInfo {
     /// Instructions (code units) before this one are a prologue; 0 where
     /// the version has no such field.
     pub first_traceable: i32,
+    /// The code CPython 3.12–3.13 give the eval loop's entry shim frames
+    /// (pystate.c names it so); never the code of a Python frame.
+    pub shim: bool,
 }
 
 /// The fields read from the code object itself; compared on every check.
@@ -394,6 +397,7 @@ impl CodeCache {
             firstlineno: fp.firstlineno as i32,
             linetable: linetable.into_boxed_slice(),
             first_traceable: o.code.first_traceable.map_or(0, |off| field_u32(&head, off as usize) as i32),
+            shim: name == b"<interpreter trampoline>",
         });
         Ok((fp, ident, info))
     }

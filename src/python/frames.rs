@@ -363,6 +363,12 @@ impl FrameWalker {
                 }
             };
             let (code, ident) = codes.get(code, o, code_addr, frame_at, gens)?;
+            // A shim lives on the C stack of its eval call and is found by its
+            // owner; with another owner it is a stale one whose slot the C
+            // code has partly reused since (3.12 showed them as frames).
+            if code.shim {
+                return Err(Error::Corrupt(format!("entry shim at {frame:#x} was overwritten while read")));
+            }
             // Recursion names one code object frame after frame: once is enough.
             if code_addr != last_code {
                 self.idents.extend_from_slice(ident.words());
@@ -417,7 +423,7 @@ mod tests {
     use std::sync::Arc;
 
     fn code(name: &str) -> CodeInfo {
-        CodeInfo { name: name.into(), filename: "x.py".into(), firstlineno: 1, linetable: Box::new([]), first_traceable: 0 }
+        CodeInfo { name: name.into(), filename: "x.py".into(), firstlineno: 1, linetable: Box::new([]), first_traceable: 0, shim: false }
     }
 
     /// The last sample's frames are reused only where they name the same
