@@ -98,6 +98,9 @@ pub struct ThreadOffsets {
     pub thread_id: u64,
     pub native_thread_id: Option<u64>,
     pub datastack_chunk: Option<u64>,
+    /// 3.11–3.13: an int, non-zero while a trace or profile hook runs on
+    /// the thread (see `FrameOffsets::stacktop`).
+    pub tracing: Option<u64>,
 }
 
 impl ThreadOffsets {
@@ -105,7 +108,7 @@ impl ThreadOffsets {
     /// the whole struct (3.15's 888 bytes cross a page boundary more often
     /// than its first 264, and each page costs a read its own pinning).
     pub fn used_len(&self) -> u64 {
-        [Some(self.next), Some(self.interp), Some(self.current_frame), Some(self.thread_id), self.native_thread_id, self.datastack_chunk]
+        [Some(self.next), Some(self.interp), Some(self.current_frame), Some(self.thread_id), self.native_thread_id, self.datastack_chunk, self.tracing]
             .into_iter()
             .flatten()
             .max()
@@ -128,8 +131,10 @@ pub struct FrameOffsets {
     /// (3.12+ mark that boundary with a shim frame instead, see `owner`).
     pub is_entry: Option<u64>,
     /// 3.11–3.13: `stacktop`, an int the eval loop sets to -1 whenever it
-    /// resumes the frame and saves before every inlined call. A frame with a
-    /// Python callee pushed by such a call can therefore never show -1.
+    /// resumes the frame and saves before every inlined call, on return, and
+    /// around trace hooks. A frame with a Python callee pushed by such a call
+    /// can therefore never show -1, and one whose callee C code entered the
+    /// eval loop for shows -1 until it returns (unless a hook runs).
     pub stacktop: Option<u64>,
 }
 
@@ -346,6 +351,7 @@ impl Offsets {
                 thread_id: f.get("thread_state.thread_id")?,
                 native_thread_id: f.opt("thread_state.native_thread_id"),
                 datastack_chunk: f.opt("thread_state.datastack_chunk"),
+                tracing: f.opt("thread_state.tracing"),
             },
             frame,
             code: CodeOffsets {
@@ -404,6 +410,7 @@ impl Offsets {
             vec![("prev", t.prev, 8), ("next", t.next, 8), ("interp", t.interp, 8), ("current_frame", t.current_frame, 8), ("thread_id", t.thread_id, 8)];
         tf.extend(t.native_thread_id.map(|o| ("native_thread_id", o, 8)));
         tf.extend(t.datastack_chunk.map(|o| ("datastack_chunk", o, 8)));
+        tf.extend(t.tracing.map(|o| ("tracing", o, 4)));
         check("thread_state", t.size, &tf)?;
         let i = &self.interp;
         let mut inf = vec![("id", i.id, 8), ("next", i.next, 8), ("threads_head", i.threads_head, 8)];

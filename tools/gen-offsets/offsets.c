@@ -407,6 +407,10 @@ static void full_table(void)
 #  if PY_VERSION_HEX >= 0x030B0000
     OFF("native_thread_id", PyThreadState, native_thread_id);
     OFF("datastack_chunk", PyThreadState, datastack_chunk);
+    /* Non-zero while a trace or profile hook runs: the traced frame saved
+       its stacktop for the hook, so a hook's Python frames sit on a caller
+       that is not running by that mark. */
+    OFF("tracing", PyThreadState, tracing);
 #  endif
 
 #  if PY_VERSION_HEX >= 0x030B0000
@@ -592,6 +596,8 @@ static int debug_table(void)
        keeps stackpointer set in release builds, so it marks nothing there. */
     section("interpreter_frame");
     OFF("stacktop", _PyInterpreterFrame, stacktop);
+    section("thread_state");
+    OFF("tracing", PyThreadState, tracing);
     /* 3.13: where new code objects take co_version from. Unchanged, it
        proves no code object was made, so none took a freed one's address
        (3.14+ count frees instead, in _Py_DebugOffsets). */
