@@ -279,6 +279,9 @@ impl Session {
             });
             // Not cleared: the walk overwrites the last sample's frames in place.
             let mut slot = spare.get_mut(i).map(std::mem::take).unwrap_or_default();
+            if let Some(cframe) = ts.cframe {
+                self.walker.note(ts.addr + o.thread.current_frame, cframe);
+            }
             self.walker.note(ts.frame_field, ts.frame);
             let counter = a.code_counter(ts.interp);
             let gen_word = counter.map(CodeCounter::addr);

@@ -21,6 +21,11 @@ pub struct ThreadState {
     /// Where `frame` was read from (the thread state's field or the
     /// `_PyCFrame`'s), so a snapshot can check it did not move meanwhile.
     pub frame_field: u64,
+    /// 3.11–3.12: the `_PyCFrame` followed, as the thread state named it.
+    /// It lives on the C stack: once its eval call returns, its field keeps
+    /// naming the returned frame until the C stack reuses the slot, so a
+    /// snapshot must also check the thread state still names it.
+    pub cframe: Option<u64>,
 }
 
 /// Every thread state of every interpreter, in interpreter order. `buf` is
@@ -72,7 +77,9 @@ fn interp_threads(mem: &dyn RemoteMemory, o: &Offsets, interp: u64, head: u64, l
         }
         let mut frame = field_u64(buf, o.thread.current_frame as usize);
         let mut frame_field = ts + o.thread.current_frame;
+        let mut cframe = None;
         if let (Some(cf), true) = (o.thread.cframe_current_frame, frame != 0) {
+            cframe = Some(frame);
             frame_field = frame + cf;
             frame = mem.read_u64(frame_field)?;
         }
@@ -83,6 +90,7 @@ fn interp_threads(mem: &dyn RemoteMemory, o: &Offsets, interp: u64, head: u64, l
             native_id: o.thread.native_thread_id.map(|off| field_u64(buf, off as usize)),
             frame,
             frame_field,
+            cframe,
         });
         prev = ts;
         ts = field_u64(buf, o.thread.next as usize);
