@@ -291,7 +291,7 @@ impl Session {
                 before: gen_word.and_then(|w| self.prefetch.tail_word_before(w)),
                 after: gen_word.and_then(|w| self.prefetch.tail_word(w)),
             };
-            self.walker.walk(mem, &code, o, &mut self.codes, gens, ts.frame, &mut slot.frames)?;
+            self.walker.walk(mem, &code, o, &mut self.codes, gens, ts.hooked, ts.frame, &mut slot.frames)?;
             if self.native.is_some() {
                 let i = out.len();
                 if self.groups.len() <= i {

@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::offsets::Offsets;
-use crate::process::memory::{RemoteMemory, field_u64};
+use crate::process::memory::{RemoteMemory, field_u32, field_u64};
 
 pub const MAX_INTERPRETERS: usize = 256;
 pub const MAX_THREADS: usize = 4096;
@@ -26,6 +26,9 @@ pub struct ThreadState {
     /// naming the returned frame until the C stack reuses the slot, so a
     /// snapshot must also check the thread state still names it.
     pub cframe: Option<u64>,
+    /// A trace or profile hook was running on the thread (3.11–3.13; false
+    /// where the version does not say).
+    pub hooked: bool,
 }
 
 /// Every thread state of every interpreter, in interpreter order. `buf` is
@@ -91,6 +94,7 @@ fn interp_threads(mem: &dyn RemoteMemory, o: &Offsets, interp: u64, head: u64, l
             frame,
             frame_field,
             cframe,
+            hooked: o.thread.tracing.is_some_and(|off| field_u32(buf, off as usize) != 0),
         });
         prev = ts;
         ts = field_u64(buf, o.thread.next as usize);
