@@ -37,6 +37,19 @@ pub struct EvalGroup {
     pub anchor: u64,
 }
 
+/// How a frame was entered, as its caller sees it (3.11–3.13's stacktop
+/// says different things for each).
+#[derive(Clone, Copy)]
+enum Callee {
+    /// No frame above, or one that tells nothing (no code).
+    None,
+    /// Pushed by the eval loop itself: the caller saved its stacktop.
+    Inlined,
+    /// Entered by C code (3.11's entry flag, 3.12+'s shim frame between the
+    /// two): the caller still runs, stacktop -1.
+    FromC,
+}
+
 /// How many verified snapshots are remembered (see `FrameWalker::verified`).
 const VERIFIED_KEPT: usize = 8;
 
@@ -283,12 +296,8 @@ impl FrameWalker {
         // stays inside one chunk, so most frames need no lookup.
         let mut held: Option<(u64, u64, u64)> = None;
         let mut last_code = 0u64;
-        // The frame visited last (this one's callee) was pushed by an inlined
-        // call, not by C code entering the eval loop.
-        let mut inlined_callee = false;
-        // The frame visited last was entered by C code (3.11's entry flag, or
-        // 3.12+'s shim frame between the two).
-        let mut entry_callee = false;
+        // How the frame visited last (this one's callee) was entered.
+        let mut callee = Callee::None;
         while frame != 0 {
             visited += 1;
             if visited > MAX_DEPTH {
@@ -328,8 +337,7 @@ impl FrameWalker {
             // loop: not Python code.
             if owner.zip(o.constants.first_non_python_owner).is_some_and(|(owner, first)| owner >= first) {
                 self.close_group(n, frame);
-                inlined_callee = false;
-                entry_callee = true;
+                callee = Callee::FromC;
                 frame = previous;
                 continue;
             }
@@ -337,8 +345,7 @@ impl FrameWalker {
                 if entry {
                     self.close_group(n, 0);
                 }
-                inlined_callee = false;
-                entry_callee = false;
+                callee = Callee::None;
                 frame = previous;
                 continue;
             }
@@ -354,25 +361,28 @@ impl FrameWalker {
             // a caller that resumed since shows a moved instruction or a
             // moved current-frame pointer (re-reading it cost 5-8 % of a
             // 100-deep sample).
-            if let (true, Some(off)) = (inlined_callee, o.frame.stacktop) {
-                if field_u32(buf, off as usize) as i32 == -1 {
-                    return Err(Error::Corrupt(format!("frame {frame:#x} was running, not calling, when read")));
-                }
-            }
+            //
             // Through C the callee leaves no mark on its caller, but the
-            // caller's own stacktop still tells: -1 while it runs (and so
-            // while the C code it called runs), saved once it returned. A
-            // returned caller under a callee is the same splice (3.11 on a
-            // target recursing through `map`: 53 in 73,382 samples without
-            // this). Hooks save the stacktop of the frame they trace while
-            // they run, so a hooked thread is left to the re-read.
-            if let (true, false, Some(off)) = (entry_callee, hooked, o.frame.stacktop) {
-                if field_u32(buf, off as usize) as i32 != -1 {
-                    return Err(Error::Corrupt(format!("frame {frame:#x} had returned when read")));
+            // caller's own stacktop still tells the other way round: -1 while
+            // it runs (and so while the C code it called runs), saved once it
+            // returned (with the `_PyCFrame` re-read, 3.11 recursing through
+            // `map` went from 53 impossible stacks in 73,382 samples to none).
+            // Hooks save the stacktop of the
+            // frame they trace while they run, so a hooked thread is left to
+            // the re-read there.
+            if let Some(off) = o.frame.stacktop {
+                let running = field_u32(buf, off as usize) as i32 == -1;
+                match callee {
+                    Callee::Inlined if running => {
+                        return Err(Error::Corrupt(format!("frame {frame:#x} was running, not calling, when read")));
+                    }
+                    Callee::FromC if !running && !hooked => {
+                        return Err(Error::Corrupt(format!("frame {frame:#x} had returned when read")));
+                    }
+                    _ => {}
                 }
             }
-            inlined_callee = !entry;
-            entry_callee = entry;
+            callee = if entry { Callee::FromC } else { Callee::Inlined };
             let len = self.buf.len() as u64;
             let frame_at = match held {
                 Some((s, e, t)) if s <= frame && frame + len <= e => t,
