@@ -55,7 +55,7 @@ if [ ! -f "$SID/.pyprof-complete" ]; then
   rm -rf "$SID.partial"
   log "debootstrap sid into $SID (about a minute)"
   debootstrap --variant=minbase --include=python3.13,python3.14,python3.15 sid "$SID.partial" \
-    http://deb.debian.org/debian >"$CACHE/debootstrap.log" 2>&1 || {
+    >"$CACHE/debootstrap.log" 2>&1 || {
       log "debootstrap failed; see $CACHE/debootstrap.log"; exit 1; }
   rm -rf "$SID"
   mv "$SID.partial" "$SID"
