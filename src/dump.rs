@@ -5,7 +5,8 @@ use std::io::Write;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::session::{Session, SnapshotNeeds, ThreadStack};
+use crate::session::{Session, SnapshotNeeds};
+use crate::stack::{Frame, FrameKind, ThreadStack};
 
 #[derive(Debug, Clone, Default)]
 pub struct DumpOptions {
@@ -13,11 +14,59 @@ pub struct DumpOptions {
     pub verbose: bool,
 }
 
+/// The `dump --json` document (docs/formats.md).
 #[derive(Serialize)]
 struct DumpJson<'a> {
     pid: i32,
     python_version: String,
-    threads: &'a [ThreadStack],
+    threads: Vec<ThreadJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct ThreadJson<'a> {
+    native_id: Option<u64>,
+    python_id: u64,
+    name: Option<&'a str>,
+    holds_gil: bool,
+    on_cpu: bool,
+    frames: Vec<FrameJson<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum FrameJson<'a> {
+    Python {
+        function: &'a str,
+        file: &'a str,
+        line: i32,
+    },
+    /// `--native`: `module` is the file name of the library or executable.
+    Native {
+        function: &'a str,
+        module: &'a str,
+    },
+}
+
+impl<'a> FrameJson<'a> {
+    fn of(f: &'a Frame) -> FrameJson<'a> {
+        match f.kind {
+            FrameKind::Native => FrameJson::Native { function: &f.function, module: &f.file },
+            _ => FrameJson::Python { function: &f.function, file: &f.file, line: f.line },
+        }
+    }
+}
+
+impl<'a> ThreadJson<'a> {
+    fn of(t: &'a ThreadStack) -> ThreadJson<'a> {
+        ThreadJson {
+            native_id: t.native_id,
+            python_id: t.python_id,
+            name: t.name.as_deref(),
+            holds_gil: t.holds_gil,
+            on_cpu: t.on_cpu,
+            frames: t.frames.iter().map(FrameJson::of).collect(),
+        }
+    }
 }
 
 /// How long to keep retrying a snapshot torn by the running target. Retries
@@ -60,7 +109,7 @@ pub fn run(session: &mut Session, opts: &DumpOptions, out: &mut dyn Write) -> Re
     }
     let a = &session.attached;
     if opts.json {
-        let doc = DumpJson { pid: a.target.pid, python_version: a.offsets.version.to_string(), threads: &threads };
+        let doc = DumpJson { pid: a.target.pid, python_version: a.offsets.version.to_string(), threads: threads.iter().map(ThreadJson::of).collect() };
         serde_json::to_writer(&mut *out, &doc).map_err(std::io::Error::from)?;
         writeln!(out)?;
         return Ok(());
@@ -80,7 +129,7 @@ pub fn run(session: &mut Session, opts: &DumpOptions, out: &mut dyn Write) -> Re
         let id = t.native_id.map_or_else(|| format!("{:#x}", t.python_id), |n| n.to_string());
         writeln!(out, "Thread {id} ({}) [{}]", t.name.as_deref().unwrap_or("?"), facts.join(", "))?;
         for f in &t.frames {
-            if f.native {
+            if f.is_native() {
                 writeln!(out, "    {} [{}]", f.function, f.file)?;
             } else {
                 writeln!(out, "    {} ({}:{})", f.function, f.file, f.line)?;

@@ -26,6 +26,7 @@ pub mod python;
 pub mod record;
 pub mod sampler;
 pub mod session;
+pub mod stack;
 
 use std::io::Write;
 

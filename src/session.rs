@@ -1,10 +1,6 @@
 //! An attached target plus the caches that make repeated walks cheap.
 //! [`Session::snapshot`] is one consistent look at every thread's stack.
 
-use std::sync::Arc;
-
-use serde::Serialize;
-
 use crate::attach::{AttachOptions, Attached, CodeCounter, attach};
 use crate::error::Result;
 use crate::native::merge;
@@ -13,44 +9,10 @@ use crate::process::memory::RemoteMemory;
 use crate::process::prefetch::Prefetcher;
 use crate::process::{task_comm, task_state};
 use crate::python::code::{CodeCache, Generations, Sources};
-use crate::python::frames::{EvalGroup, Frame, FrameWalker};
+use crate::python::frames::FrameWalker;
 use crate::python::thread_names::NameCache;
 use crate::python::threads::{ThreadList, ThreadState, find_pthread_tid_offset, gil_holder};
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct ThreadStack {
-    pub native_id: Option<u64>,
-    pub python_id: u64,
-    pub name: Option<String>,
-    pub holds_gil: bool,
-    pub on_cpu: bool,
-    #[serde(serialize_with = "ser_frames")]
-    pub frames: Vec<Frame>,
-}
-
-fn ser_frames<S: serde::Serializer>(frames: &[Frame], s: S) -> Result<S::Ok, S::Error> {
-    use serde::ser::SerializeSeq;
-    #[derive(Serialize)]
-    #[serde(tag = "kind", rename_all = "lowercase")]
-    enum F<'a> {
-        Python {
-            function: &'a str,
-            file: &'a str,
-            line: i32,
-        },
-        /// `--native`: `module` is the file name of the library or executable.
-        Native {
-            function: &'a str,
-            module: &'a str,
-        },
-    }
-    let mut seq = s.serialize_seq(Some(frames.len()))?;
-    for f in frames {
-        let e = if f.native { F::Native { function: &f.function, module: &f.file } } else { F::Python { function: &f.function, file: &f.file, line: f.line } };
-        seq.serialize_element(&e)?;
-    }
-    seq.end()
-}
+use crate::stack::{EvalGroup, ThreadStack};
 
 const MIN_STACK_CHUNK: u64 = 16 * 1024;
 /// How long a failed search for the pthread tid offset waits before the next.
@@ -386,9 +348,4 @@ impl Session {
             n.stats.pauses += 1;
         }
     }
-}
-
-/// Shared, cheap-to-clone strings for frames built elsewhere (tests, writers).
-pub fn frame(function: &str, file: &str, line: i32) -> Frame {
-    Frame { function: Arc::from(function), file: Arc::from(file), line, native: false }
 }

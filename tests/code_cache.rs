@@ -8,8 +8,8 @@ mod common;
 use common::*;
 use pyprof::attach::AttachOptions;
 use pyprof::profile::model::Profile;
-use pyprof::python::frames::Frame;
 use pyprof::session::{Session, SnapshotNeeds};
+use pyprof::stack::Frame;
 
 /// Attach to a fresh `script` target (kept alive alongside the session).
 fn attach(py: &Interpreter, script: &str) -> (TargetProcess, Session) {

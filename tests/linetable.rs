@@ -171,7 +171,11 @@ fn table_features(kind: LineTableKind, t: &[u8], stats: &mut Stats) {
 
 fn check_corpus(label: &str, corpus: &Corpus, stats: &mut Stats) -> Vec<String> {
     let (major, minor) = (corpus.version[0], corpus.version[1]);
-    let kind = LineTableKind::for_version(major, minor).unwrap_or_else(|| panic!("{label}: unsupported version {:?}", corpus.version));
+    // The decoder the offsets file names for this version, as attach uses it.
+    let kind = match (major, pyprof::offsets::table::for_minor(minor)) {
+        (3, Some(Ok(file))) => file.layout.linetable,
+        _ => panic!("{label}: unsupported version {:?}", corpus.version),
+    };
     let mut errors = Vec::new();
     // Offsets are in the decoder's unit: bytes for lnotab, code units after.
     let instr_of = |unit: usize| -> i32 {

@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use crate::python::frames::{EvalGroup, Frame};
+use crate::stack::{EvalGroup, Frame};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NativeKind {
@@ -59,11 +59,11 @@ pub const TRUNCATED: &str = "[truncated native stack]";
 pub const UNMERGED: &str = "[native stack not merged]";
 
 fn marker(name: &str) -> Frame {
-    Frame { function: Arc::from(name), file: Arc::from(""), line: 0, native: true }
+    Frame::native(Arc::from(name), Arc::from(""))
 }
 
 fn to_frame(n: &NativeFrame) -> Frame {
-    Frame { function: n.function.clone(), file: n.module.clone(), line: 0, native: true }
+    Frame::native(n.function.clone(), n.module.clone())
 }
 
 /// Index in the Python frames where group `g` starts (groups store only ends).
@@ -137,7 +137,7 @@ pub fn merge(native: &[NativeFrame], complete: bool, py: &[Frame], groups: &[Eva
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::frame;
+    use crate::stack::Frame;
 
     fn n(name: &str, kind: NativeKind, sp: u64, cfa: u64) -> NativeFrame {
         NativeFrame { function: Arc::from(name), module: Arc::from("python3"), kind, sp, cfa }
@@ -159,18 +159,18 @@ mod tests {
             n("_PyEval_EvalFrameDefault", NativeKind::Eval, 0x500, 0x600),
             n("main", NativeKind::Other, 0x600, 0x700),
         ];
-        let py = vec![frame("cb", "a.py", 1), frame("caller", "a.py", 2), frame("<module>", "a.py", 3)];
+        let py = vec![Frame::python("cb", "a.py", 1), Frame::python("caller", "a.py", 2), Frame::python("<module>", "a.py", 3)];
         let groups = [EvalGroup { end: 1, anchor: 0x280 }, EvalGroup { end: 3, anchor: 0x5f0 }];
         let mut out = Vec::new();
         assert_eq!(merge(&native, true, &py, &groups, &mut out), Outcome::Merged);
         assert_eq!(names(&out), ["PyObject_Call", "cb", "cmp_thunk", "qsort", "caller", "<module>", "main"]);
-        assert!(out[0].native && !out[1].native);
+        assert!(out[0].is_native() && !out[1].is_native());
     }
 
     #[test]
     fn an_anchor_outside_every_frame_is_not_guessed() {
         let native = vec![n("_PyEval_EvalFrameDefault", NativeKind::Eval, 0x200, 0x300), n("main", NativeKind::Other, 0x300, 0x400)];
-        let py = vec![frame("f", "a.py", 1)];
+        let py = vec![Frame::python("f", "a.py", 1)];
         let mut out = Vec::new();
         assert_eq!(merge(&native, true, &py, &[EvalGroup { end: 1, anchor: 0x9000 }], &mut out), Outcome::Unmerged);
         assert_eq!(names(&out), [UNMERGED, "f"]);
@@ -187,7 +187,7 @@ mod tests {
             n("_PyEval_EvalFrameDefault", NativeKind::Eval, 2, 3),
             n("main", NativeKind::Other, 3, 4),
         ];
-        let py = vec![frame("inner", "a.py", 1), frame("outer", "a.py", 2)];
+        let py = vec![Frame::python("inner", "a.py", 1), Frame::python("outer", "a.py", 2)];
         let groups = [EvalGroup { end: 1, anchor: 0 }, EvalGroup { end: 2, anchor: 0 }];
         let mut out = Vec::new();
         assert_eq!(merge(&native, true, &py, &groups, &mut out), Outcome::Merged);
@@ -204,7 +204,7 @@ mod tests {
             n("[anon]+0x10", NativeKind::Anonymous, 0x30, 0x40),
             n("main", NativeKind::Other, 0x40, 0x50),
         ];
-        let py = vec![frame("f", "a.py", 1)];
+        let py = vec![Frame::python("f", "a.py", 1)];
         let mut out = Vec::new();
         assert_eq!(merge(&native, true, &py, &[EvalGroup { end: 1, anchor: 0x18 }], &mut out), Outcome::Merged);
         // Only the one right below the eval frame; other JIT code stays visible.
@@ -218,12 +218,12 @@ mod tests {
             n("py::f:a.py", NativeKind::Trampoline, 0x20, 0x30),
             n("main", NativeKind::Other, 0x30, 0x40),
         ];
-        let py = vec![frame("f", "a.py", 1)];
+        let py = vec![Frame::python("f", "a.py", 1)];
         let groups = [EvalGroup { end: 1, anchor: 0x18 }];
         let mut out = Vec::new();
         assert_eq!(merge(&native, true, &py, &groups, &mut out), Outcome::Merged);
         assert_eq!(names(&out), ["f", "main"]);
-        let wrong = vec![frame("g", "a.py", 1)];
+        let wrong = vec![Frame::python("g", "a.py", 1)];
         assert_eq!(merge(&native, true, &wrong, &groups, &mut out), Outcome::Unmerged);
     }
 }

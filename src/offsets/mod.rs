@@ -10,15 +10,27 @@ use std::collections::BTreeMap;
 
 use crate::binary::version::PythonVersion;
 use crate::error::{Error, Result};
-use crate::python::linetable::LineTableKind;
 
 /// How a frame chain is shaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FrameKind {
+pub enum FrameChain {
     /// Heap-allocated `PyFrameObject`s linked by `f_back` (≤ 3.10).
     FrameObject,
     /// `_PyInterpreterFrame`s in the thread's data stack, linked by `previous` (3.11+).
     InterpreterFrame,
+}
+
+/// Which line-table decoder a version needs (`python::linetable`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LineTableKind {
+    /// CPython 3.8 and 3.9: `co_lnotab`, instruction given in **bytes** (`f_lasti`).
+    Lnotab,
+    /// CPython 3.10: `co_linetable`, instruction given in **code units**
+    /// (3.10's `f_lasti`, which counts 2-byte code units).
+    Linetable310,
+    /// CPython 3.11 and later: PEP 657 location table, instruction given in
+    /// **code units** from the start of `co_code_adaptive`.
+    Locations,
 }
 
 /// What the frame's instruction field holds.
@@ -49,7 +61,7 @@ pub enum InstanceDict {
 
 #[derive(Debug, Clone, Copy)]
 pub struct Layout {
-    pub frame: FrameKind,
+    pub frame: FrameChain,
     pub linetable: LineTableKind,
     pub lasti: LastiUnit,
     /// None when the file predates the key: thread names are then unavailable.
@@ -305,7 +317,7 @@ impl Offsets {
     pub fn build(version: PythonVersion, layout: Layout, map: &FieldMap, constants: Constants, provenance: String) -> Result<Offsets> {
         let f = Fields { map, version: &version };
         let frame = match layout.frame {
-            FrameKind::FrameObject => FrameOffsets {
+            FrameChain::FrameObject => FrameOffsets {
                 size: f.get("frame_object.size")?,
                 previous: f.get("frame_object.back")?,
                 code: f.get("frame_object.code")?,
@@ -314,7 +326,7 @@ impl Offsets {
                 is_entry: None,
                 stacktop: None,
             },
-            FrameKind::InterpreterFrame => FrameOffsets {
+            FrameChain::InterpreterFrame => FrameOffsets {
                 size: f.get("interpreter_frame.size")?,
                 previous: f.get("interpreter_frame.previous")?,
                 code: f.get("interpreter_frame.executable")?,

@@ -3,8 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Constants, FieldMap, FrameKind, InstanceDict, LastiUnit, Layout};
-use crate::python::linetable::LineTableKind;
+use super::{Constants, FieldMap, FrameChain, InstanceDict, LastiUnit, Layout, LineTableKind};
 
 const FILES: &[(u32, &str)] = &[
     (8, include_str!("../../offsets/cpython-3.8.toml")),
@@ -44,8 +43,8 @@ pub fn parse(minor: u32, text: &str) -> Result<VersionFile, String> {
     let layout_str = |key: &str| str_of("layout", key).ok_or(format!("cpython-3.{minor}.toml: [layout] {key} missing"));
     let layout = Layout {
         frame: match layout_str("frame")?.as_str() {
-            "frame_object" => FrameKind::FrameObject,
-            "interpreter_frame" => FrameKind::InterpreterFrame,
+            "frame_object" => FrameChain::FrameObject,
+            "interpreter_frame" => FrameChain::InterpreterFrame,
             other => return Err(format!("unknown frame layout {other}")),
         },
         linetable: match layout_str("linetable")?.as_str() {

@@ -5,7 +5,7 @@
 use rustc_hash::FxHashMap as HashMap;
 
 use super::model::{Frame, FrameKind, Meta, Profile, Stack, ThreadInfo};
-use crate::python::frames::Frame as PyFrame;
+use crate::stack::Frame as PyFrame;
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AggregateOptions {
@@ -56,7 +56,7 @@ impl Aggregator {
 
     fn intern_py(&mut self, f: &PyFrame) -> u32 {
         // Native frames have no line; -2 also keeps their keys apart from Python's.
-        let line = if f.native {
+        let line = if f.is_native() {
             -2
         } else if self.opts.by_function {
             -1
@@ -73,7 +73,7 @@ impl Aggregator {
             function: f.function.to_string(),
             file: f.file.to_string(),
             line: if line > 0 { Some(line as u32) } else { None },
-            kind: if f.native { FrameKind::Native } else { FrameKind::Python },
+            kind: f.kind,
         });
         self.py_ids.insert(key, id);
         id
@@ -142,13 +142,13 @@ impl Aggregator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::frame;
+    use crate::stack::Frame as PyFrame;
 
     #[test]
     fn counts_identical_stacks_once_and_roots_threads() {
         let mut agg = Aggregator::new(AggregateOptions { thread_roots: true, ..Default::default() });
-        let a = frame("a", "x.py", 1);
-        let b = frame("b", "x.py", 2);
+        let a = PyFrame::python("a", "x.py", 1);
+        let b = PyFrame::python("b", "x.py", 2);
         for _ in 0..3 {
             agg.add(1, "python", Some(7), Some("main"), &[b.clone(), a.clone()]);
         }
@@ -164,8 +164,8 @@ mod tests {
     #[test]
     fn by_function_merges_lines() {
         let mut agg = Aggregator::new(AggregateOptions { by_function: true, ..Default::default() });
-        agg.add(1, "python", Some(7), None, &[frame("a", "x.py", 1)]);
-        agg.add(1, "python", Some(7), None, &[frame("a", "x.py", 9)]);
+        agg.add(1, "python", Some(7), None, &[PyFrame::python("a", "x.py", 1)]);
+        agg.add(1, "python", Some(7), None, &[PyFrame::python("a", "x.py", 9)]);
         let p = agg.into_profile(Profile::example().meta);
         assert_eq!(p.stacks.len(), 1);
         assert_eq!(p.stacks[0].count, 2);

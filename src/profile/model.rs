@@ -3,16 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FrameKind {
-    Python,
-    Native,
-    /// Synthetic root added by `--threads`: "thread NAME (TID)".
-    Thread,
-    /// Synthetic root added by `--subprocesses`: "process PID (COMMAND)".
-    Process,
-}
+pub use crate::stack::FrameKind;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Frame {

@@ -6,36 +6,14 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::offsets::{FrameKind, LastiUnit, Offsets};
+use crate::offsets::{FrameChain, LastiUnit, Offsets};
 use crate::process::memory::{RemoteMemory, field_u8, field_u32, field_u64};
 use crate::process::prefetch::on_next_page;
 use crate::python::code::{CodeCache, CodeInfo, Generations, Sources};
+use crate::stack::{EvalGroup, Frame, FrameKind};
 
 /// Deeper than CPython's default recursion limit allows, with room to spare.
 pub const MAX_DEPTH: usize = 8192;
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Frame {
-    pub function: Arc<str>,
-    pub file: Arc<str>,
-    /// 0 when the line table has no line for the instruction.
-    pub line: i32,
-    /// A C function (`--native`): `function` is its symbol, `file` its module.
-    pub native: bool,
-}
-
-/// The Python frames one call of the interpreter's eval loop is running:
-/// `frames[previous group's end..end]` of a thread's walk, innermost first.
-/// `--native` splices each group in place of the C frame that runs it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EvalGroup {
-    pub end: usize,
-    /// 3.12+: address of the eval loop's entry shim frame, a local variable on
-    /// the C stack of that very call, so it names the native frame exactly.
-    /// 0 where the version has no such marker (one group per C call is then
-    /// matched by the eval function's symbol).
-    pub anchor: u64,
-}
 
 /// How a frame was entered, as its caller sees it (3.11–3.13's stacktop
 /// says different things for each).
@@ -114,9 +92,9 @@ impl LineMemo {
 /// Set `out[i]` to a Python frame of `code`, keeping the entry already there
 /// when it names the same code strings (only the line is written then).
 fn put_frame(out: &mut Vec<Frame>, i: usize, code: &CodeInfo, line: i32) {
-    let fresh = || Frame { function: code.name.clone(), file: code.filename.clone(), line, native: false };
+    let fresh = || Frame { function: code.name.clone(), file: code.filename.clone(), line, kind: FrameKind::Python };
     match out.get_mut(i) {
-        Some(f) if !f.native && Arc::ptr_eq(&f.function, &code.name) && Arc::ptr_eq(&f.file, &code.filename) => f.line = line,
+        Some(f) if f.kind == FrameKind::Python && Arc::ptr_eq(&f.function, &code.name) && Arc::ptr_eq(&f.file, &code.filename) => f.line = line,
         Some(f) => *f = fresh(),
         None => out.push(fresh()),
     }
@@ -321,7 +299,7 @@ impl FrameWalker {
                 self.links.push((frame + o.frame.instr, field_u64(buf, o.frame.instr as usize)));
             }
             first = false;
-            if o.layout.frame == FrameKind::FrameObject {
+            if o.layout.frame == FrameChain::FrameObject {
                 // ≤ 3.10 frame objects are recycled (zombie frames, free list):
                 // a freed one has refcount 0 (ob_refcnt leads PyObject_HEAD).
                 if field_u64(buf, 0) == 0 {
@@ -428,7 +406,7 @@ impl FrameWalker {
             put_frame(out, n, code, line);
             n += 1;
             // ≤ 3.10 runs every frame in a C call of its own.
-            if entry || o.layout.frame == FrameKind::FrameObject {
+            if entry || o.layout.frame == FrameChain::FrameObject {
                 self.close_group(n, 0);
             }
             frame = previous;
@@ -450,6 +428,7 @@ impl FrameWalker {
 #[cfg(test)]
 mod tests {
     use super::{CodeInfo, CycleCheck, Frame, put_frame};
+    use crate::stack::FrameKind;
     use std::sync::Arc;
 
     fn code(name: &str) -> CodeInfo {
@@ -472,9 +451,9 @@ mod tests {
         assert_eq!((&*out[0].function, out[0].line), ("a", 7));
         assert_eq!((&*out[1].function, out[1].line), ("a", 9), "another function replaces the entry");
         // A native frame with the same strings is still replaced by a Python one.
-        out[0] = Frame { function: a.name.clone(), file: a.filename.clone(), line: 0, native: true };
+        out[0] = Frame { function: a.name.clone(), file: a.filename.clone(), line: 0, kind: FrameKind::Native };
         put_frame(&mut out, 0, &a, 5);
-        assert!(!out[0].native);
+        assert!(!out[0].is_native());
         assert_eq!(out[0].line, 5);
     }
 

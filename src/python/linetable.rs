@@ -21,30 +21,9 @@
 //! input they cannot make sense of (truncated varints, missing entry headers,
 //! line numbers outside `i32`).
 
-/// Which decoder a given interpreter version needs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LineTableKind {
-    /// CPython 3.8 and 3.9: `co_lnotab`, instruction given in **bytes** (`f_lasti`).
-    Lnotab,
-    /// CPython 3.10: `co_linetable`, instruction given in **code units**
-    /// (3.10's `f_lasti`, which counts 2-byte code units).
-    Linetable310,
-    /// CPython 3.11 and later: PEP 657 location table, instruction given in
-    /// **code units** from the start of `co_code_adaptive`.
-    Locations,
-}
+pub use crate::offsets::LineTableKind;
 
 impl LineTableKind {
-    /// The table kind used by CPython `major.minor`, or `None` if unsupported.
-    pub fn for_version(major: u32, minor: u32) -> Option<Self> {
-        match (major, minor) {
-            (3, 8) | (3, 9) => Some(Self::Lnotab),
-            (3, 10) => Some(Self::Linetable310),
-            (3, 11..) => Some(Self::Locations),
-            _ => None,
-        }
-    }
-
     /// Line of instruction `instr` in a code object whose table is `table`.
     ///
     /// The unit of `instr` depends on the kind: bytes for [`Self::Lnotab`]
@@ -208,18 +187,6 @@ mod tests {
     use super::*;
 
     const KINDS: [LineTableKind; 3] = [LineTableKind::Lnotab, LineTableKind::Linetable310, LineTableKind::Locations];
-
-    #[test]
-    fn version_mapping() {
-        assert_eq!(LineTableKind::for_version(3, 7), None);
-        assert_eq!(LineTableKind::for_version(3, 8), Some(LineTableKind::Lnotab));
-        assert_eq!(LineTableKind::for_version(3, 9), Some(LineTableKind::Lnotab));
-        assert_eq!(LineTableKind::for_version(3, 10), Some(LineTableKind::Linetable310));
-        for minor in 11..=15 {
-            assert_eq!(LineTableKind::for_version(3, minor), Some(LineTableKind::Locations));
-        }
-        assert_eq!(LineTableKind::for_version(2, 7), None);
-    }
 
     #[test]
     fn empty_tables() {
