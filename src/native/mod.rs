@@ -25,7 +25,7 @@ use framehop::{FrameAddress, Unwinder};
 
 use crate::process::Target;
 use crate::process::maps::{Mapping, read_maps};
-use crate::process::memory::VmReader;
+use crate::process::memory::RemoteMemory;
 use merge::{NativeFrame, NativeKind};
 use modules::{Bytes, CodeModule};
 
@@ -122,7 +122,7 @@ pub struct NativeState {
 /// Lazily read stack memory of one stopped thread, block by block. The
 /// blocks' buffers live in a pool kept across samples: no allocation per read.
 struct StackReader<'a> {
-    mem: &'a VmReader,
+    mem: &'a dyn RemoteMemory,
     pool: &'a mut Vec<(u64, Vec<u8>)>,
     /// Blocks of `pool` filled for this thread.
     used: usize,
@@ -147,11 +147,11 @@ impl StackReader<'_> {
                 buf.resize(STACK_BLOCK as usize, 0);
                 // A block past the top of the stack mapping is partly unmapped:
                 // keep what arrived.
-                let mut got = self.mem.read_partial(&mut [(base, &mut buf[..])]);
+                let mut got = self.mem.read_scatter(&[(base, buf.len())], buf);
                 if got == 0 {
                     // The first page may be the unmapped one below sp's page: retry from addr's page.
                     let off = ((addr & !0xfff) - base) as usize;
-                    let n = self.mem.read_partial(&mut [(base + off as u64, &mut buf[off..])]);
+                    let n = self.mem.read_scatter(&[(base + off as u64, buf.len() - off)], &mut buf[off..]);
                     if n == 0 {
                         return Err(());
                     }
@@ -355,14 +355,14 @@ impl NativeState {
 
     /// Unwind one stopped thread (memory is read while it is held). Returns
     /// whether the unwind reached the stack's end; `out` is innermost first.
-    pub fn unwind_raw(&mut self, mem: &VmReader, regs: ptrace::Regs, out: &mut Vec<NativeRaw>) -> bool {
+    pub fn unwind_raw(&mut self, mem: &dyn RemoteMemory, regs: ptrace::Regs, out: &mut Vec<NativeRaw>) -> bool {
         let mut pool = std::mem::take(&mut self.stack_pool);
         let complete = self.unwind_with(mem, regs, out, &mut pool);
         self.stack_pool = pool;
         complete
     }
 
-    fn unwind_with(&mut self, mem: &VmReader, regs: ptrace::Regs, out: &mut Vec<NativeRaw>, pool: &mut Vec<(u64, Vec<u8>)>) -> bool {
+    fn unwind_with(&mut self, mem: &dyn RemoteMemory, regs: ptrace::Regs, out: &mut Vec<NativeRaw>, pool: &mut Vec<(u64, Vec<u8>)>) -> bool {
         out.clear();
         let mut reader = StackReader { mem, pool, used: 0 };
         let mut read = |a: u64| reader.read_u64(a);
@@ -420,7 +420,7 @@ impl NativeState {
     /// Is `ra` the return address inside a copy of CPython 3.12's perf
     /// trampoline (`sub $8,%rsp; call *%rcx; add $8,%rsp; ret`)? Judged by the
     /// code itself, so it holds before the perf map names it, or without one.
-    fn in_stack_aligning_trampoline(&mut self, mem: &VmReader, ra: u64) -> bool {
+    fn in_stack_aligning_trampoline(&mut self, mem: &dyn RemoteMemory, ra: u64) -> bool {
         const CALL: [u8; 6] = [0x48, 0x83, 0xec, 0x08, 0xff, 0xd1];
         const RET: [u8; 5] = [0x48, 0x83, 0xc4, 0x08, 0xc3];
         // Asked for every return address of every sample: the cache first.
@@ -429,7 +429,7 @@ impl NativeState {
         }
         let mut code = [0u8; 11];
         let is = !self.modules.iter().any(|m| m.avma.contains(&ra))
-            && mem.read_partial(&mut [(ra.wrapping_sub(6), &mut code[..])]) == 11
+            && mem.read_scatter(&[(ra.wrapping_sub(6), code.len())], &mut code) == 11
             && code[..6] == CALL
             && code[6..] == RET;
         if self.trampoline_code.len() > MAX_CACHED_SYMBOLS {

@@ -12,6 +12,30 @@ pub trait RemoteMemory {
     /// Fill `buf` from `addr`. A short read is an error.
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()>;
 
+    /// Read `ranges` (address, length) into `dst`, back to back and in order,
+    /// in as few calls as the implementation can; stop at the first range
+    /// that cannot be read whole. Returns the bytes read: a prefix of the
+    /// ranges arrived (a live reader may also deliver the start of the range
+    /// that faulted, up to its first unmapped page), the rest did not.
+    /// `dst` must hold them all.
+    fn read_scatter(&self, ranges: &[(u64, usize)], dst: &mut [u8]) -> usize {
+        let mut off = 0;
+        for &(addr, len) in ranges {
+            if self.read(addr, &mut dst[off..off + len]).is_err() {
+                break;
+            }
+            off += len;
+        }
+        off
+    }
+
+    /// How many reads reached the memory's source so far (syscalls for a
+    /// live process). Orders the reads of a session in time: see
+    /// `process::prefetch::read_time`.
+    fn calls(&self) -> u64 {
+        0
+    }
+
     /// When the bytes just read at `addr..addr+len` were copied out of the
     /// target, on a clock that orders every read of a session (see
     /// `process::prefetch::read_time`), with the held range they came from,
@@ -96,38 +120,30 @@ impl VmReader {
         }
     }
 
-    /// Fill as many of `reqs` as the target has mapped, in order, with one
-    /// syscall per IOV_MAX ranges; returns the bytes read. Stops at the first
-    /// range that faults (the kernel does too), never errors.
-    pub fn read_partial(&self, reqs: &mut [(u64, &mut [u8])]) -> usize {
-        // SAFETY: every destination is a live &mut [u8] of the given length.
-        unsafe { self.read_ranges(reqs.iter_mut().map(|(addr, buf)| (*addr, buf.as_mut_ptr(), buf.len()))) }
-    }
-
-    /// [`read_partial`](Self::read_partial) over (remote address, local
-    /// destination, length) triples, without building a request list.
-    ///
-    /// # Safety
-    /// Each destination must be valid for writes of its length, and the
-    /// destinations must not overlap, for the duration of the call.
-    pub unsafe fn read_ranges(&self, ranges: impl Iterator<Item = (u64, *mut u8, usize)>) -> usize {
+    /// One `process_vm_readv` per IOV_MAX ranges of `ranges`, destinations
+    /// laid out back to back in `dst`.
+    fn scatter(&self, ranges: &[(u64, usize)], dst: &mut [u8]) -> usize {
+        let total: usize = ranges.iter().map(|r| r.1).sum();
+        assert!(total <= dst.len(), "scatter read of {total} bytes into {}", dst.len());
         let mut iovs = self.iovs.borrow_mut();
         let (local, remote) = &mut *iovs;
-        let mut done = 0;
-        let mut ranges = ranges.peekable();
-        while ranges.peek().is_some() {
+        let base = dst.as_mut_ptr() as usize;
+        let (mut done, mut off) = (0, 0);
+        for chunk in ranges.chunks(IOV_MAX) {
             local.clear();
             remote.clear();
-            let mut total = 0;
-            for (addr, dst, len) in ranges.by_ref().take(IOV_MAX) {
-                local.push([dst as usize, len]);
+            let mut want = 0;
+            for &(addr, len) in chunk {
+                local.push([base + off, len]);
                 remote.push([addr as usize, len]);
-                total += len;
+                off += len;
+                want += len;
             }
             self.syscalls.set(self.syscalls.get() + 1);
-            // SAFETY: the words are laid out as iovecs (asserted above); local
-            // ones point at caller-guaranteed buffers, remote ones are only
-            // read by the kernel, which validates them.
+            // SAFETY: the words are laid out as iovecs (asserted above); the
+            // local ones cover disjoint parts of `dst`, which is borrowed
+            // mutably for the call and long enough (asserted); remote ones are
+            // only read by the kernel, which validates them.
             let n = unsafe {
                 libc::process_vm_readv(
                     self.pid,
@@ -142,7 +158,7 @@ impl VmReader {
                 break;
             }
             done += n as usize;
-            if n as usize != total {
+            if n as usize != want {
                 break;
             }
         }
@@ -171,6 +187,14 @@ impl VmReader {
 }
 
 impl RemoteMemory for VmReader {
+    fn read_scatter(&self, ranges: &[(u64, usize)], dst: &mut [u8]) -> usize {
+        self.scatter(ranges, dst)
+    }
+
+    fn calls(&self) -> u64 {
+        self.syscalls.get()
+    }
+
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
         if buf.is_empty() {
             return Ok(());

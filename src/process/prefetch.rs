@@ -21,7 +21,7 @@
 use std::cell::{Cell, RefCell};
 
 use crate::error::Result;
-use crate::process::memory::{RemoteMemory, VmReader, field_u64};
+use crate::process::memory::{RemoteMemory, field_u64};
 
 /// Ranges closer than this are read as one (the bytes between are cheap;
 /// iovec count and syscalls are not). Also the growth room left on each side
@@ -114,6 +114,8 @@ pub struct Prefetcher {
     next: Plan,
     /// This sample's first call: (start, end, phase), see [`coalesce`].
     iovs: Vec<(u64, u64, usize)>,
+    /// The same as (address, length), with the tail words after them.
+    ranges: Vec<(u64, usize)>,
     /// The reader's syscall count after this sample's first call.
     first_call: Cell<u64>,
 }
@@ -127,7 +129,7 @@ pub struct PrefetchStats {
 impl Prefetcher {
     /// Read this sample's plan in one call. Ranges the target no longer maps are
     /// simply not served (reads there go to the kernel and fail normally).
-    pub fn begin(&mut self, mem: &VmReader) {
+    pub fn begin(&mut self, mem: &dyn RemoteMemory) {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
         st.seen.iter_mut().for_each(Vec::clear);
@@ -146,25 +148,15 @@ impl Prefetcher {
         let tail_at = self.iovs.iter().map(|&(s, e, _)| (e - s) as usize).sum::<usize>();
         st.data.resize(tail_at + 8 * self.tail.len(), 0);
         if st.data.is_empty() {
-            self.first_call.set(mem.syscalls());
+            self.first_call.set(mem.calls());
             return;
         }
-        let base = st.data.as_mut_ptr();
-        let mut next = 0usize;
-        let ranges = self.iovs.iter().map(|&(s, e, _)| (s, e)).chain(self.tail.iter().map(|&a| (a, a + 8))).map(|(s, e)| {
-            let len = (e - s) as usize;
-            // SAFETY: `data` was sized to the iovecs' total plus the tail
-            // words above, so each destination lies inside it, and
-            // consecutive ones do not overlap.
-            let dst = unsafe { base.add(next) };
-            next += len;
-            (s, dst, len)
-        });
-        // SAFETY: see the closure; `data` is not touched until the call returns.
-        let got = unsafe { mem.read_ranges(ranges) };
-        // process_vm_readv fills iovecs in order and stops at the first fault:
-        // keep the ranges that arrived whole.
-        let (mut off, mut left, call) = (0usize, got, mem.syscalls());
+        self.ranges.clear();
+        self.ranges.extend(self.iovs.iter().map(|&(s, e, _)| (s, (e - s) as usize)).chain(self.tail.iter().map(|&a| (a, 8))));
+        let got = mem.read_scatter(&self.ranges, &mut st.data);
+        // Ranges arrive in order up to the first fault: keep the ones that
+        // arrived whole.
+        let (mut off, mut left, call) = (0usize, got, mem.calls());
         for &(s, e, p) in &self.iovs {
             let len = (e - s) as usize;
             if left < len {
@@ -219,7 +211,7 @@ impl Prefetcher {
     /// sample, for what is known to be needed before the walk asks (a
     /// thread's frame chunk). Best effort: a range that faults or overlaps
     /// one already held is simply not added.
-    pub fn load(&self, mem: &VmReader, addr: u64, len: usize) {
+    pub fn load(&self, mem: &dyn RemoteMemory, addr: u64, len: usize) {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
         let held = &mut st.held[Phase::Stack as usize];
@@ -232,12 +224,12 @@ impl Prefetcher {
         }
         let off = st.data.len();
         st.data.resize(off + len, 0);
-        let got = mem.read_partial(&mut [(addr, &mut st.data[off..])]);
+        let got = mem.read_scatter(&[(addr, len)], &mut st.data[off..]);
         if got != len {
             st.data.truncate(off);
             return;
         }
-        held.insert(i, (addr, end, off, read_time(mem.syscalls(), Phase::Stack as u64)));
+        held.insert(i, (addr, end, off, read_time(mem.calls(), Phase::Stack as u64)));
     }
 
     /// Turn what this sample read, and what the last few read, into the
@@ -293,7 +285,7 @@ impl Prefetcher {
     }
 
     /// The view the walk reads thread states and frames through.
-    pub fn view<'a>(&'a self, mem: &'a VmReader) -> SampleView<'a> {
+    pub fn view<'a>(&'a self, mem: &'a dyn RemoteMemory) -> SampleView<'a> {
         SampleView { pf: self, mem, phase: Phase::Stack, fresh: false }
     }
 
@@ -307,7 +299,7 @@ impl Prefetcher {
 #[derive(Clone, Copy)]
 pub struct SampleView<'a> {
     pf: &'a Prefetcher,
-    mem: &'a VmReader,
+    mem: &'a dyn RemoteMemory,
     phase: Phase,
     /// Go to the kernel for every read (still planning what was read).
     fresh: bool,
@@ -349,7 +341,7 @@ impl RemoteMemory for SampleView<'_> {
         match Self::held(&st, self.phase, addr, addr.saturating_add(len as u64)) {
             Some((s, e, _, t)) if !self.fresh => (t, Some((s, e))),
             // Not held: read from the kernel just now, by the last call made.
-            _ => (read_time(self.mem.syscalls(), 0), None),
+            _ => (read_time(self.mem.calls(), 0), None),
         }
     }
 
@@ -393,10 +385,11 @@ impl RemoteMemory for SampleView<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::process::memory::VmReader;
 
     /// One sample: begin, read each address (8 bytes) through the view, end.
     /// Returns the values read and whether each read was a hit.
-    fn sample(pf: &mut Prefetcher, mem: &VmReader, addrs: &[u64]) -> Vec<(u64, bool)> {
+    fn sample(pf: &mut Prefetcher, mem: &dyn RemoteMemory, addrs: &[u64]) -> Vec<(u64, bool)> {
         pf.begin(mem);
         let out = addrs
             .iter()

@@ -45,6 +45,8 @@ pub struct FrameWalker {
     idents: Vec<(u64, u64)>,
     /// Scratch for `verify`: (start, end, offset in `check`) of each span read.
     spans: Vec<(u64, u64, usize)>,
+    /// The same spans as (address, length), for the read.
+    ranges: Vec<(u64, usize)>,
     /// Links of the last few distinct snapshots that passed verification,
     /// most recent first. A program alternating between a handful of stacks
     /// (a loop calling a short function) matches one of them on most samples.
@@ -170,7 +172,7 @@ impl FrameWalker {
     /// existed) fails here and is retried or counted, never recorded.
     /// `full`: re-read even a snapshot equal to a verified one (its code
     /// objects were not all proven, see `CodeCache::unproven`).
-    pub fn verify(&mut self, mem: &crate::process::memory::VmReader, full: bool) -> Result<()> {
+    pub fn verify(&mut self, mem: &dyn RemoteMemory, full: bool) -> Result<()> {
         // The code objects' identities count as links from here on (kept at
         // the end, read first: see below).
         let n = self.links.len();
@@ -210,9 +212,9 @@ impl FrameWalker {
             total += (sp.1 - sp.0) as usize;
         }
         self.check.resize(total, 0);
-        let base = self.check.as_mut_ptr();
-        // SAFETY: each span's destination is its own slice of `check`, sized above.
-        let got = unsafe { mem.read_ranges(spans.iter().map(|&(s, e, off)| (s, base.add(off), (e - s) as usize))) };
+        self.ranges.clear();
+        self.ranges.extend(spans.iter().map(|&(s, e, _)| (s, (e - s) as usize)));
+        let got = mem.read_scatter(&self.ranges, &mut self.check);
         if got != total {
             return Err(Error::Corrupt("stack changed while read (memory gone)".into()));
         }
