@@ -7,10 +7,11 @@ use crate::binary::elf::ElfFile;
 use crate::binary::runtime::{self, Method};
 use crate::binary::version::PythonVersion;
 use crate::error::{Error, Result};
-use crate::offsets::{Offsets, debug, table};
-use crate::process::maps::{Mapping, read_maps};
+use crate::offsets::{CodeCounter as CounterRule, Offsets, debug, table};
+use crate::process::maps::{Mapping, plausible_data_ptr, read_maps};
 use crate::process::memory::{RemoteMemory, VmReader};
 use crate::process::{Target, file_name};
+use crate::python::threads;
 
 #[derive(Debug, Clone, Default)]
 pub struct AttachOptions {
@@ -24,12 +25,20 @@ pub struct Attached {
     pub target: Target,
     pub mem: VmReader,
     pub maps: Vec<Mapping>,
-    pub offsets: Offsets,
-    pub runtime: u64,
     pub method: Method,
     /// Path (as the target sees it) of the module holding `_PyRuntime`.
     pub module: String,
-    /// That module's segments in memory: objects there are static.
+    pub interp: Interpreter,
+}
+
+/// What a snapshot needs to know about the interpreter, found once: plain
+/// data, so a snapshot of recorded memory can be given it too.
+#[derive(Debug, Clone)]
+pub struct Interpreter {
+    pub offsets: Offsets,
+    /// avma of `_PyRuntime`.
+    pub runtime: u64,
+    /// The interpreter module's segments in memory: objects there are static.
     pub image: Vec<(u64, u64)>,
     /// 3.12: `_Py_next_func_version`, the global each new code object takes
     /// its `co_version` from (a hidden symbol: found only where the symbol
@@ -56,14 +65,18 @@ impl CodeCounter {
     }
 }
 
-impl Attached {
+impl Interpreter {
     /// The counter word for interpreter `interp`, if the version has one.
     pub fn code_counter(&self, interp: u64) -> Option<CodeCounter> {
         let i = &self.offsets.interp;
-        i.code_object_generation
-            .map(|off| CodeCounter::Freed(interp + off))
-            .or_else(|| i.code_version_counter.map(|off| CodeCounter::Created(interp + off)))
-            .or(self.code_version_global.map(CodeCounter::Created))
+        match self.offsets.rules.code_counter {
+            CounterRule::None => None,
+            CounterRule::Frees => i.code_object_generation.map(|off| CodeCounter::Freed(interp + off)),
+            // 3.13 keeps it per interpreter, 3.12 in a global found by symbol.
+            CounterRule::Versions => {
+                i.code_version_counter.map(|off| CodeCounter::Created(interp + off)).or(self.code_version_global.map(CodeCounter::Created))
+            }
+        }
     }
 }
 
@@ -104,8 +117,8 @@ pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Attached> {
     let mut why = Vec::new();
     for module in candidate_modules(&target, &maps) {
         match attach_module(&target, &mem, &maps, &module, opts) {
-            Ok(Found { offsets, runtime, method, image, code_version_global }) => {
-                return Ok(Attached { target, mem, maps, offsets, runtime, method, module, image, code_version_global });
+            Ok((interp, method)) => {
+                return Ok(Attached { target, mem, maps, method, module, interp });
             }
             Err(e @ (Error::UnsupportedVersion { .. } | Error::ProcessGone(_) | Error::PermissionDenied { .. })) => {
                 return Err(e);
@@ -124,16 +137,8 @@ pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Attached> {
     Err(Error::NotPython { pid, why: why.join("; ") })
 }
 
-/// What one module yielded, for [`Attached`].
-struct Found {
-    offsets: Offsets,
-    runtime: u64,
-    method: Method,
-    image: Vec<(u64, u64)>,
-    code_version_global: Option<u64>,
-}
-
-fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str, opts: &AttachOptions) -> Result<Found> {
+/// The interpreter in `module`, and how its `_PyRuntime` was found.
+fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str, opts: &AttachOptions) -> Result<(Interpreter, Method)> {
     let pid = target.pid;
     let elf = ElfFile::open(&target.host_path(module))?;
     let own: Vec<&Mapping> = maps.iter().filter(|m| m.path.as_deref() == Some(module)).collect();
@@ -179,18 +184,19 @@ fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str
         Some(f) if version.major == 3 => f.map_err(|why| Error::BadOffsets { version: version.to_string(), why })?,
         _ => return Err(Error::UnsupportedVersion { pid, version: version.to_string() }),
     };
+    let data_ptr = |addr: u64| plausible_data_ptr(maps, addr);
     let build = |rt: u64| -> Result<Offsets> {
         let fields = if file.debug_fields.is_some() { debug::load(mem, rt, &file, &version)? } else { file.fields.clone() };
-        Offsets::build(version.clone(), file.layout, &fields, file.constants.clone(), file.provenance.clone())
+        Offsets::build(version.clone(), file.layout, file.rules.clone(), &fields, file.constants.clone(), file.provenance.clone())
     };
 
     if found.is_none() && allowed(Method::Scan) {
         let b = blocks.get_or_insert_with(&mut data);
         found = if file.debug_fields.is_some() {
-            runtime::cookie_candidates(b).into_iter().find(|&rt| build(rt).is_ok_and(|o| runtime::verify_runtime(mem, maps, &o, rt)))
+            runtime::cookie_candidates(b).into_iter().find(|&rt| build(rt).is_ok_and(|o| threads::is_runtime(mem, &o, rt, data_ptr)))
         } else {
             let o = build(0)?;
-            runtime::scan(mem, maps, &o, b)
+            runtime::scan(b, o.runtime.interpreters_head, data_ptr, |rt| threads::is_runtime(mem, &o, rt, data_ptr))
         }
         .map(|rt| (rt, Method::Scan));
     }
@@ -202,7 +208,7 @@ fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str
         },
     })?;
     let offsets = build(rt)?;
-    if !runtime::verify_cycle(mem, maps, &offsets, rt) {
+    if !threads::runtime_cycle_holds(mem, &offsets, rt, data_ptr) {
         // A process still starting up has no thread state yet: say so plainly.
         return Err(Error::RuntimeNotFound {
             pid,
@@ -210,5 +216,5 @@ fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str
         });
     }
     let code_version_global = elf.symbol("_Py_next_func_version").map(|(a, _)| a.wrapping_add(bias));
-    Ok(Found { offsets, runtime: rt, method, image: elf.image(bias), code_version_global })
+    Ok((Interpreter { offsets, runtime: rt, image: elf.image(bias), code_version_global }, method))
 }

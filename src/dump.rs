@@ -88,7 +88,7 @@ pub fn snapshot_with_retry(session: &mut Session) -> Result<Vec<ThreadStack>> {
             Err(e) if e.is_transient() => {
                 tries += 1;
                 if started.elapsed() >= RETRY_FOR {
-                    if !session.attached.target.is_alive() {
+                    if !session.attached().target.is_alive() {
                         return Err(Error::ProcessGone(session.pid()));
                     }
                     return Err(e);
@@ -104,20 +104,20 @@ pub fn snapshot_with_retry(session: &mut Session) -> Result<Vec<ThreadStack>> {
 
 pub fn run(session: &mut Session, opts: &DumpOptions, out: &mut dyn Write) -> Result<()> {
     let threads = snapshot_with_retry(session)?;
-    for w in session.native.iter().flat_map(|n| n.warnings.iter()) {
+    for w in session.native_warnings() {
         eprintln!("pyprof: warning: {w}");
     }
-    let a = &session.attached;
+    let a = session.attached();
     if opts.json {
-        let doc = DumpJson { pid: a.target.pid, python_version: a.offsets.version.to_string(), threads: threads.iter().map(ThreadJson::of).collect() };
+        let doc = DumpJson { pid: a.target.pid, python_version: a.interp.offsets.version.to_string(), threads: threads.iter().map(ThreadJson::of).collect() };
         serde_json::to_writer(&mut *out, &doc).map_err(std::io::Error::from)?;
         writeln!(out)?;
         return Ok(());
     }
     writeln!(out, "Process {}: {}", a.target.pid, a.target.cmdline().join(" "))?;
-    writeln!(out, "Python v{} ({})", a.offsets.version, a.module)?;
+    writeln!(out, "Python v{} ({})", a.interp.offsets.version, a.module)?;
     if opts.verbose {
-        writeln!(out, "_PyRuntime at {:#x} (found by {}); offsets: {}", a.runtime, a.method, a.offsets.provenance)?;
+        writeln!(out, "_PyRuntime at {:#x} (found by {}); offsets: {}", a.interp.runtime, a.method, a.interp.offsets.provenance)?;
     }
     for t in &threads {
         writeln!(out)?;

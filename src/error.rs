@@ -29,8 +29,14 @@ pub enum Error {
     #[error("cannot read {len} bytes at {addr:#x} in pid {pid}: {source}")]
     Read { pid: i32, addr: u64, len: usize, source: std::io::Error },
 
+    /// Data that cannot be what it claims (a bad pointer, a chain that does
+    /// not end): garbage read from a moving target, or a corrupt one.
     #[error("inconsistent data in target: {0}")]
     Corrupt(String),
+
+    /// Two reads of the target disagreed: it changed while read.
+    #[error("stack changed while read: {0}")]
+    Torn(String),
 
     #[error("bad offsets for Python {version}: {why}")]
     BadOffsets { version: String, why: String },
@@ -50,7 +56,7 @@ impl Error {
 
     /// Errors that say "try again on the next tick": the target changed under us.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Read { .. } | Error::Corrupt(_))
+        matches!(self, Error::Read { .. } | Error::Corrupt(_) | Error::Torn(_))
     }
 }
 

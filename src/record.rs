@@ -193,8 +193,8 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
         }
     };
     let root_pid = first.pid();
-    let command = first.attached.target.cmdline();
-    let python_version = first.attached.offsets.version.to_string();
+    let command = first.attached().target.cmdline();
+    let python_version = first.attached().interp.offsets.version.to_string();
     let mut sessions = vec![first];
     let mut finder = ChildFinder { roots: vec![root_pid], opts: cfg.attach.clone(), tried: HashMap::new() };
     let discover: Option<&mut dyn Discover> = if cfg.subprocesses { Some(&mut finder) } else { None };

@@ -116,12 +116,12 @@ fn the_code_version_counter_is_where_pyprof_looks() {
     for_each_interpreter(|py| {
         let (target, s) = attach(py, "fresh_code.py");
         let code: u64 = target.first_line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("ready line");
-        let a = &s.attached;
-        let interp = a.mem.read_u64(a.runtime + a.offsets.runtime.interpreters_head).unwrap();
-        match (py.minor, a.code_counter(interp)) {
+        let a = s.attached();
+        let interp = a.mem.read_u64(a.interp.runtime + a.interp.offsets.runtime.interpreters_head).unwrap();
+        match (py.minor, a.interp.code_counter(interp)) {
             (12 | 13, Some(CodeCounter::Created(at))) => {
                 let counter = a.mem.read_u32(at).unwrap();
-                let version = a.mem.read_u32(code + a.offsets.code.version.unwrap()).unwrap();
+                let version = a.mem.read_u32(code + a.interp.offsets.code.version.unwrap()).unwrap();
                 assert!(version != 0 && counter.wrapping_sub(version) == 1, "{}: counter {counter}, the new object's co_version {version}", py.label);
             }
             (14.., Some(CodeCounter::Freed(_))) | (..=11, None) => {}

@@ -2,13 +2,13 @@
 //! the `.PyRuntime` section (3.10+ builds place it there), the `_PyRuntime`
 //! symbol (dynsym or symtab), and a scan of the interpreter's writable data
 //! for the interpreter-state ↔ thread-state cycle (stripped static builds).
+//! What makes a candidate a real `_PyRuntime` is CPython's business:
+//! `python::threads` decides it.
 
 use std::fmt;
 use std::str::FromStr;
 
 use crate::binary::elf::ElfFile;
-use crate::offsets::Offsets;
-use crate::process::maps::Mapping;
 use crate::process::memory::RemoteMemory;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,53 +69,16 @@ pub fn read_data(mem: &dyn RemoteMemory, elf: &ElfFile, bias: u64) -> Vec<(u64, 
     blocks
 }
 
-/// Is `addr` a plausible pointer to data: aligned and inside a writable mapping?
-pub fn plausible_data_ptr(maps: &[Mapping], addr: u64) -> bool {
-    addr != 0 && addr % 8 == 0 && maps.iter().any(|m| m.writable && m.contains(addr))
-}
-
-/// Does `runtime` lead to an interpreter whose first thread state points back
-/// at it? That cycle is what tells a real `_PyRuntime` from look-alike data.
-pub fn verify_cycle(mem: &dyn RemoteMemory, maps: &[Mapping], o: &Offsets, runtime: u64) -> bool {
-    let Ok(interp) = mem.read_u64(runtime + o.runtime.interpreters_head) else { return false };
-    if !plausible_data_ptr(maps, interp) {
-        return false;
-    }
-    let Ok(tstate) = mem.read_u64(interp + o.interp.threads_head) else { return false };
-    if !plausible_data_ptr(maps, tstate) {
-        return false;
-    }
-    mem.read_u64(tstate + o.thread.interp).is_ok_and(|back| back == interp)
-}
-
-/// The scan's stricter test: besides the cycle, the head thread state has no
-/// `prev`, and the whole interpreter and thread lists walk cleanly. Other
-/// globals that merely point at the main interpreter (CPython keeps several)
-/// fail this.
-pub fn verify_runtime(mem: &dyn RemoteMemory, maps: &[Mapping], o: &Offsets, runtime: u64) -> bool {
-    if !verify_cycle(mem, maps, o, runtime) {
-        return false;
-    }
-    let head_prev = mem
-        .read_u64(runtime + o.runtime.interpreters_head)
-        .and_then(|interp| mem.read_u64(interp + o.interp.threads_head))
-        .and_then(|ts| mem.read_u64(ts + o.thread.prev));
-    if !matches!(head_prev, Ok(0)) {
-        return false;
-    }
-    let mut states = Vec::new();
-    crate::python::threads::thread_states(mem, o, runtime, &mut states, &mut Vec::new()).is_ok()
-        && states.iter().all(|t| t.frame == 0 || plausible_data_ptr(maps, t.frame))
-}
-
-/// Scan the data blocks for a `_PyRuntime` whose interpreter/thread cycle holds.
-pub fn scan(mem: &dyn RemoteMemory, maps: &[Mapping], o: &Offsets, blocks: &[(u64, Vec<u8>)]) -> Option<u64> {
-    let head = o.runtime.interpreters_head as usize;
+/// Scan the data blocks for a `_PyRuntime`: the first place whose
+/// interpreter-list head (at `head` bytes in) points into writable data and
+/// that `is_runtime` accepts (see `python::threads::is_runtime`).
+pub fn scan(blocks: &[(u64, Vec<u8>)], head: u64, points_to_data: impl Fn(u64) -> bool, is_runtime: impl Fn(u64) -> bool) -> Option<u64> {
+    let head = head as usize;
     for (base, data) in blocks {
         let mut i = 0;
         while i + head + 8 <= data.len() {
             let interp = u64::from_le_bytes(data[i + head..i + head + 8].try_into().unwrap());
-            if plausible_data_ptr(maps, interp) && verify_runtime(mem, maps, o, base + i as u64) {
+            if points_to_data(interp) && is_runtime(base + i as u64) {
                 return Some(base + i as u64);
             }
             i += 8;

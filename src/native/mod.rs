@@ -8,6 +8,7 @@
 //! lookups use `ra − 1` (inside the call instruction, not after it).
 
 pub mod jitdump;
+pub mod layer;
 pub mod merge;
 pub mod modules;
 #[cfg(test)]

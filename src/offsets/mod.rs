@@ -68,6 +68,53 @@ pub struct Layout {
     pub instance_dict: Option<InstanceDict>,
 }
 
+/// What can prove a cached code object is still the one at its address
+/// (`python::code`), when nothing was read of it this sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodeCounter {
+    /// Nothing: the object's own words are checked.
+    None,
+    /// `interp->_code_object_generation` counts code objects freed (3.14+).
+    Frees,
+    /// The counter new code objects take `co_version` from (3.12–3.13).
+    Versions,
+}
+
+/// How a version's frames behave: facts of the interpreter's code, which
+/// struct offsets cannot tell (`[rules]` of `offsets/cpython-3.X.toml`,
+/// printed by tools/gen-offsets with the CPython code each one rests on).
+/// The walker switches on these, never on which fields happen to exist, so
+/// a version that keeps a field but changes what it means cannot slip by:
+/// its file must say so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rules {
+    /// ≤ 3.10: a freed frame object stays in memory with refcount 0.
+    pub frame_objects_recycled: bool,
+    /// ≤ 3.10: every frame runs in an eval-loop C call of its own.
+    pub eval_call_per_frame: bool,
+    /// 3.11: `is_entry` flags the first frame each eval-loop call pushed.
+    pub entry_frame_flagged: bool,
+    /// 3.12+: each eval-loop call first pushes a frame owned by the C stack
+    /// (3.14+: by the interpreter), a local variable of that call: not
+    /// Python code, and the marker of the C frame running its group.
+    pub entry_shim_frames: bool,
+    /// 3.12–3.13: the code those entry frames run. A frame reached with
+    /// this code but another owner is a stale slot, read torn.
+    pub shim_code_name: Option<String>,
+    /// 3.11–3.13: `stacktop` is -1 while a frame runs; the eval loop saves
+    /// it before an inlined call, on return, and while a trace hook runs.
+    pub caller_stacktop: bool,
+    /// 3.14+: a popped frame's executable is cleared; a null one is no frame.
+    pub popped_executable_cleared: bool,
+    /// 3.11+: a frame not yet at its code's first traceable instruction is
+    /// incomplete (never a generator's) and hidden, as tracebacks hide it.
+    pub incomplete_frames_hidden: bool,
+    /// 3.11–3.12: the current frame hangs off a `_PyCFrame` on the C stack of
+    /// the innermost eval call, which keeps naming its frame after returning.
+    pub current_frame_in_cframe: bool,
+    pub code_counter: CodeCounter,
+}
+
 /// Where the GIL's `locked` and `last_holder` live, relative to the struct that embeds it.
 #[derive(Debug, Clone, Copy)]
 pub struct GilFields {
@@ -178,6 +225,10 @@ pub struct ObjectOffsets {
     pub unicode_length: u64,
     pub unicode_ascii_size: u64,
     pub unicode_compact_size: u64,
+    /// Bits of `PyASCIIObject.state` (`[constants] unicode_state_*_mask`).
+    pub unicode_kind_mask: u32,
+    pub unicode_compact_mask: u32,
+    pub unicode_ascii_mask: u32,
 }
 
 /// One dict entry layout: `PyDictKeyEntry` or (3.11+) `PyDictUnicodeEntry`.
@@ -246,10 +297,6 @@ pub struct NameOffsets {
     pub ob_digit: u64,
     pub digit_size: u64,
     pub pylong_shift: u64,
-    /// Bits of `PyASCIIObject.state` (`unicode_state_*_mask`).
-    pub unicode_kind_mask: u32,
-    pub unicode_compact_mask: u32,
-    pub unicode_ascii_mask: u32,
     pub tpflags_heaptype: u64,
     pub tpflags_long_subclass: u64,
     pub tpflags_unicode_subclass: u64,
@@ -280,6 +327,7 @@ pub struct Constants {
 pub struct Offsets {
     pub version: PythonVersion,
     pub layout: Layout,
+    pub rules: Rules,
     pub runtime: RuntimeOffsets,
     pub interp: InterpOffsets,
     pub thread: ThreadOffsets,
@@ -308,13 +356,20 @@ impl Fields<'_> {
     fn opt(&self, key: &str) -> Option<u64> {
         self.map.get(key).copied()
     }
+    /// A bit mask of a 32-bit word: present and not empty.
+    fn mask(&self, key: &str) -> Result<u32> {
+        u32::try_from(self.get(key)?)
+            .ok()
+            .filter(|&m| m != 0)
+            .ok_or_else(|| Error::BadOffsets { version: self.version.to_string(), why: format!("{key} is not a 32-bit mask") })
+    }
     fn gil(&self, locked: &str, holder: &str) -> Option<GilFields> {
         Some(GilFields { locked: self.opt(locked)?, holder: self.opt(holder)? })
     }
 }
 
 impl Offsets {
-    pub fn build(version: PythonVersion, layout: Layout, map: &FieldMap, constants: Constants, provenance: String) -> Result<Offsets> {
+    pub fn build(version: PythonVersion, layout: Layout, rules: Rules, map: &FieldMap, constants: Constants, provenance: String) -> Result<Offsets> {
         let f = Fields { map, version: &version };
         let frame = match layout.frame {
             FrameChain::FrameObject => FrameOffsets {
@@ -339,6 +394,7 @@ impl Offsets {
         let names = layout.instance_dict.and_then(|kind| name_offsets(&f, kind));
         let offsets = Offsets {
             layout,
+            rules,
             runtime: RuntimeOffsets {
                 interpreters_head: f.get("runtime_state.interpreters_head")?,
                 gil: f.gil("runtime_state.gil_locked", "runtime_state.gil_holder"),
@@ -387,6 +443,9 @@ impl Offsets {
                 unicode_length: f.get("unicode_object.length")?,
                 unicode_ascii_size: f.get("unicode_object.asciiobject_size")?,
                 unicode_compact_size: f.get("unicode_object.compact_size")?,
+                unicode_kind_mask: f.mask("constants.unicode_state_kind_mask")?,
+                unicode_compact_mask: f.mask("constants.unicode_state_compact_mask")?,
+                unicode_ascii_mask: f.mask("constants.unicode_state_ascii_mask")?,
             },
             constants,
             names: None,
@@ -404,19 +463,8 @@ impl Offsets {
     /// copies without further checks. Values from `_Py_DebugOffsets` are
     /// target-controlled: this is what stops a corrupt one from steering reads.
     fn validate(&self) -> Result<()> {
-        const MAX_STRUCT: u64 = 1 << 20;
         let bad = |why: String| Error::BadOffsets { version: self.version.to_string(), why };
-        let check = |what: &str, size: u64, fields: &[(&str, u64, u64)]| -> Result<()> {
-            if size == 0 || size > MAX_STRUCT {
-                return Err(bad(format!("{what}.size = {size} is not plausible")));
-            }
-            for &(name, off, width) in fields {
-                if off.checked_add(width).is_none_or(|end| end > size) {
-                    return Err(bad(format!("{what}.{name} = {off} (+{width}) is outside size {size}")));
-                }
-            }
-            Ok(())
-        };
+        let check = |what: &str, size: u64, fields: &[(&str, u64, u64)]| check_struct(1 << 20, what, size, fields).map_err(bad);
         let t = &self.thread;
         let mut tf =
             vec![("prev", t.prev, 8), ("next", t.next, 8), ("interp", t.interp, 8), ("current_frame", t.current_frame, 8), ("thread_id", t.thread_id, 8)];
@@ -457,8 +505,63 @@ impl Offsets {
         if self.layout.lasti == LastiUnit::InstrPtr && c.code_adaptive.is_none() {
             return Err(bad("instr_ptr frames need code_object.co_code_adaptive".into()));
         }
+        self.validate_rules().map_err(bad)
+    }
+
+    /// Every rule comes with the fields and constants it reads, and fits the
+    /// chain it is about.
+    fn validate_rules(&self) -> std::result::Result<(), String> {
+        let r = &self.rules;
+        let objects = self.layout.frame == FrameChain::FrameObject;
+        let need = |on: bool, rule: &str, what: &str, have: bool| if on && !have { Err(format!("rule {rule} needs {what}")) } else { Ok(()) };
+        need(r.frame_objects_recycled || r.eval_call_per_frame, "frame_objects_recycled/eval_call_per_frame", "frame = \"frame_object\"", objects)?;
+        need(r.entry_frame_flagged, "entry_frame_flagged", "interpreter_frame.is_entry", self.frame.is_entry.is_some())?;
+        need(
+            r.entry_shim_frames,
+            "entry_shim_frames",
+            "interpreter_frame.owner and an owner constant",
+            self.frame.owner.is_some() && self.constants.first_non_python_owner.is_some(),
+        )?;
+        need(r.shim_code_name.is_some(), "shim_code_name", "entry_shim_frames", r.entry_shim_frames)?;
+        need(
+            r.caller_stacktop,
+            "caller_stacktop",
+            "interpreter_frame.stacktop and thread_state.tracing",
+            self.frame.stacktop.is_some() && self.thread.tracing.is_some(),
+        )?;
+        need(
+            r.incomplete_frames_hidden,
+            "incomplete_frames_hidden",
+            "code_object.firsttraceable and instr_ptr frames",
+            self.code.first_traceable.is_some() && self.layout.lasti == LastiUnit::InstrPtr,
+        )?;
+        need(r.current_frame_in_cframe, "current_frame_in_cframe", "cframe.current_frame", self.thread.cframe_current_frame.is_some())?;
+        if !r.current_frame_in_cframe && self.thread.cframe_current_frame.is_some() {
+            return Err("cframe.current_frame is given but rule current_frame_in_cframe is off".into());
+        }
+        need(
+            r.code_counter == CodeCounter::Frees,
+            "code_counter = \"frees\"",
+            "interpreter_state.code_object_generation",
+            self.interp.code_object_generation.is_some(),
+        )?;
+        need(r.code_counter == CodeCounter::Versions, "code_counter = \"versions\"", "code_object.co_version", self.code.version.is_some())?;
         Ok(())
     }
+}
+
+/// A struct's size is plausible (not above `max`) and every (name, offset,
+/// width) of it lies inside it.
+fn check_struct(max: u64, what: &str, size: u64, fields: &[(&str, u64, u64)]) -> std::result::Result<(), String> {
+    if size == 0 || size > max {
+        return Err(format!("{what}.size = {size} is not plausible"));
+    }
+    for &(name, off, width) in fields {
+        if off.checked_add(width).is_none_or(|end| end > size) {
+            return Err(format!("{what}.{name} = {off} (+{width}) is outside size {size}"));
+        }
+    }
+    Ok(())
 }
 
 /// `[constants]` entries reach the field map as `constants.NAME` (non-negative only).
@@ -515,9 +618,6 @@ fn name_offsets(f: &Fields, instance_dict: InstanceDict) -> Option<NameOffsets> 
         ob_digit: f.opt("long_object.ob_digit")?,
         digit_size: f.opt("long_object.digit_size")?,
         pylong_shift: c("pylong_shift")?,
-        unicode_kind_mask: u32::try_from(c("unicode_state_kind_mask")?).ok()?,
-        unicode_compact_mask: u32::try_from(c("unicode_state_compact_mask")?).ok()?,
-        unicode_ascii_mask: u32::try_from(c("unicode_state_ascii_mask")?).ok()?,
         tpflags_heaptype: c("tpflags_heaptype")?,
         tpflags_long_subclass: c("tpflags_long_subclass")?,
         tpflags_unicode_subclass: c("tpflags_unicode_subclass")?,
@@ -547,18 +647,7 @@ fn name_offsets(f: &Fields, instance_dict: InstanceDict) -> Option<NameOffsets> 
 impl NameOffsets {
     /// Same rule as [`Offsets::validate`]: every field lies inside its struct.
     fn validate(&self, obj: &ObjectOffsets) -> std::result::Result<(), String> {
-        const MAX_STRUCT: u64 = 1 << 16;
-        let check = |what: &str, size: u64, fields: &[(&str, u64, u64)]| -> std::result::Result<(), String> {
-            if size == 0 || size > MAX_STRUCT {
-                return Err(format!("{what}.size = {size}"));
-            }
-            for &(name, off, width) in fields {
-                if off.checked_add(width).is_none_or(|end| end > size) {
-                    return Err(format!("{what}.{name} = {off} outside {size}"));
-                }
-            }
-            Ok(())
-        };
+        let check = |what: &str, size: u64, fields: &[(&str, u64, u64)]| check_struct(1 << 16, what, size, fields);
         check(
             "type_object",
             self.type_size,
@@ -596,9 +685,6 @@ impl NameOffsets {
         check("long_object", self.long_size, &[("ob_type", obj.ob_type, 8), ("header", lh, 8), ("ob_digit", self.ob_digit, 0)])?;
         if !matches!(self.digit_size, 2 | 4) || self.pylong_shift == 0 || self.pylong_shift > 8 * self.digit_size {
             return Err("digit size / PyLong_SHIFT are implausible".into());
-        }
-        if [self.unicode_kind_mask, self.unicode_compact_mask, self.unicode_ascii_mask].contains(&0) {
-            return Err("unicode state masks are empty".into());
         }
         let pre = [self.managed_dict_preheader, self.managed_values_preheader];
         if pre.iter().flatten().any(|&p| p == 0 || p > 64 || p % 8 != 0) {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Constants, FieldMap, FrameChain, InstanceDict, LastiUnit, Layout, LineTableKind};
+use super::{CodeCounter, Constants, FieldMap, FrameChain, InstanceDict, LastiUnit, Layout, LineTableKind, Rules};
 
 const FILES: &[(u32, &str)] = &[
     (8, include_str!("../../offsets/cpython-3.8.toml")),
@@ -26,11 +26,15 @@ pub struct VersionFile {
     pub minor: u32,
     pub provenance: String,
     pub layout: Layout,
+    pub rules: Rules,
     /// Offsets carried by the file (for 3.13+, only what `_Py_DebugOffsets` lacks).
     pub fields: FieldMap,
     pub constants: Constants,
     /// 3.13+: names of the u64 words after the cookie of `_Py_DebugOffsets`, in order.
     pub debug_fields: Option<Vec<String>>,
+    /// 3.13+: the values a default build's headers give those words: for
+    /// unit tests, which have no target to read them from.
+    pub debug_defaults: Option<Vec<u64>>,
 }
 
 pub fn for_minor(minor: u32) -> Option<Result<VersionFile, String>> {
@@ -69,16 +73,18 @@ pub fn parse(minor: u32, text: &str) -> Result<VersionFile, String> {
             Some(other) => return Err(format!("unknown instance_dict layout {other}")),
         },
     };
+    let rules = parse_rules(&doc).map_err(|e| format!("cpython-3.{minor}.toml: [rules] {e}"))?;
     let provenance =
         ["python", "source", "applies_to"].iter().filter_map(|k| str_of("provenance", k).map(|v| format!("{k}: {v}"))).collect::<Vec<_>>().join("; ");
 
     let mut fields = FieldMap::new();
     let mut consts: BTreeMap<String, i64> = BTreeMap::new();
     let mut debug_fields = None;
+    let mut debug_defaults = None;
     for (section, value) in &doc {
         let Some(table) = value.as_table() else { continue };
         match section.as_str() {
-            "provenance" | "layout" => {}
+            "provenance" | "layout" | "rules" => {}
             "constants" => {
                 for (k, v) in table {
                     let n = v.as_integer().ok_or(format!("constant {k} is not an integer"))?;
@@ -93,6 +99,14 @@ pub fn parse(minor: u32, text: &str) -> Result<VersionFile, String> {
             "debug_offsets" => {
                 let list = table.get("fields").and_then(|f| f.as_array()).ok_or("debug_offsets.fields missing")?;
                 debug_fields = Some(list.iter().filter_map(|v| v.as_str().map(str::to_string)).collect::<Vec<_>>());
+                if let Some(values) = table.get("header_defaults").and_then(|f| f.as_array()) {
+                    debug_defaults = Some(
+                        values
+                            .iter()
+                            .map(|v| v.as_integer().and_then(|n| u64::try_from(n).ok()).ok_or("header_defaults: not a u64"))
+                            .collect::<Result<Vec<_>, _>>()?,
+                    );
+                }
             }
             _ => {
                 for (k, v) in table {
@@ -110,30 +124,63 @@ pub fn parse(minor: u32, text: &str) -> Result<VersionFile, String> {
         executable_tag_mask: consts.get("executable_tag_mask").copied().unwrap_or(0) as u64,
         generator_owner: owner("frame_owned_by_generator"),
     };
-    Ok(VersionFile { minor, provenance, layout, fields, constants, debug_fields })
+    Ok(VersionFile { minor, provenance, layout, rules, fields, constants, debug_fields, debug_defaults })
+}
+
+/// `[rules]`: every rule stated, none unknown. A file that does not say how
+/// its version behaves is refused rather than read with guesses.
+fn parse_rules(doc: &toml::Table) -> Result<Rules, String> {
+    let table = doc.get("rules").and_then(|r| r.as_table()).ok_or("missing: the file does not state how this version's frames behave")?;
+    const KNOWN: [&str; 10] = [
+        "frame_objects_recycled",
+        "eval_call_per_frame",
+        "entry_frame_flagged",
+        "entry_shim_frames",
+        "shim_code_name",
+        "caller_stacktop",
+        "popped_executable_cleared",
+        "incomplete_frames_hidden",
+        "current_frame_in_cframe",
+        "code_counter",
+    ];
+    if let Some(k) = table.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+        return Err(format!("unknown rule {k}"));
+    }
+    let flag = |k: &str| table.get(k).and_then(|v| v.as_bool()).ok_or(format!("{k} missing or not true/false"));
+    let text = |k: &str| table.get(k).and_then(|v| v.as_str()).ok_or(format!("{k} missing or not a string"));
+    Ok(Rules {
+        frame_objects_recycled: flag("frame_objects_recycled")?,
+        eval_call_per_frame: flag("eval_call_per_frame")?,
+        entry_frame_flagged: flag("entry_frame_flagged")?,
+        entry_shim_frames: flag("entry_shim_frames")?,
+        shim_code_name: Some(text("shim_code_name")?).filter(|n| !n.is_empty()).map(str::to_string),
+        caller_stacktop: flag("caller_stacktop")?,
+        popped_executable_cleared: flag("popped_executable_cleared")?,
+        incomplete_frames_hidden: flag("incomplete_frames_hidden")?,
+        current_frame_in_cframe: flag("current_frame_in_cframe")?,
+        code_counter: match text("code_counter")? {
+            "none" => CodeCounter::None,
+            "frees" => CodeCounter::Frees,
+            "versions" => CodeCounter::Versions,
+            other => return Err(format!("code_counter = {other:?}: not none, frees or versions")),
+        },
+    })
 }
 
 /// The offsets a default build of 3.`minor` has, without a target: the file,
-/// plus for 3.13+ the `_Py_DebugOffsets` values its comments record.
+/// plus for 3.13+ its `header_defaults` for the `_Py_DebugOffsets` words.
 #[cfg(test)]
 pub(crate) fn offsets_for_tests(minor: u32) -> super::Offsets {
     let file = for_minor(minor).unwrap().unwrap();
     let mut fields = file.fields.clone();
     if let Some(names) = &file.debug_fields {
-        let text = FILES.iter().find(|&&(m, _)| m == minor).unwrap().1;
-        for line in text.lines().filter(|l| l.trim_start().starts_with('"') && l.contains("# [")) {
-            let name = line.split('"').nth(1).unwrap();
-            let value = line.rsplit('=').next().unwrap().trim();
-            let value = match value.strip_prefix("0x") {
-                Some(hex) => u64::from_str_radix(hex, 16).unwrap(),
-                None => value.parse().unwrap(),
-            };
-            assert!(names.iter().any(|n| n == name));
-            fields.insert(name.to_string(), value);
-        }
+        let values = file.debug_defaults.as_ref().expect("header_defaults");
+        assert_eq!(names.len(), values.len(), "3.{minor}: one default per debug field");
+        fields.extend(names.iter().cloned().zip(values.iter().copied()));
     }
     let v = crate::binary::version::PythonVersion { major: 3, minor, patch: 0, release: String::new() };
-    super::Offsets::build(v, file.layout, &fields, file.constants.clone(), file.provenance.clone()).unwrap_or_else(|e| panic!("3.{minor}: {e}"))
+    super::Offsets::build(v, file.layout, file.rules.clone(), &fields, file.constants.clone(), file.provenance.clone())
+        .unwrap_or_else(|e| panic!("3.{minor}: {e}"))
 }
 
 #[cfg(test)]
@@ -146,7 +193,7 @@ mod tests {
             let file = for_minor(minor).unwrap().unwrap();
             if file.debug_fields.is_none() {
                 let v = crate::binary::version::PythonVersion { major: 3, minor, patch: 0, release: String::new() };
-                super::super::Offsets::build(v, file.layout, &file.fields, file.constants.clone(), file.provenance.clone())
+                super::super::Offsets::build(v, file.layout, file.rules.clone(), &file.fields, file.constants.clone(), file.provenance.clone())
                     .unwrap_or_else(|e| panic!("3.{minor}: {e}"));
             } else {
                 assert!(file.debug_fields.as_ref().unwrap().len() > 20, "3.{minor}");

@@ -80,3 +80,8 @@ mod tests {
         assert!(m[3].executable);
     }
 }
+
+/// Is `addr` a plausible pointer to data: aligned and inside a writable mapping?
+pub fn plausible_data_ptr(maps: &[Mapping], addr: u64) -> bool {
+    addr != 0 && addr % 8 == 0 && maps.iter().any(|m| m.writable && m.contains(addr))
+}

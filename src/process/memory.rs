@@ -225,6 +225,24 @@ impl RemoteMemory for VmReader {
     }
 }
 
+/// Above any user-space address (x86-64 with 5-level paging: 57 bits), so
+/// `ptr + offset` of a checked pointer cannot overflow.
+const MAX_USER_ADDR: u64 = 1 << 57;
+
+/// Could `addr` point at an object in the target: non-null, 8-byte aligned
+/// (every CPython object is), and a user-space address.
+pub fn plausible_pointer(addr: u64) -> bool {
+    addr != 0 && addr % 8 == 0 && addr < MAX_USER_ADDR
+}
+
+/// [`plausible_pointer`], or an error naming what the pointer was for.
+pub fn check_pointer(addr: u64, what: &str) -> Result<()> {
+    if !plausible_pointer(addr) {
+        return Err(Error::Corrupt(format!("bad {what} pointer {addr:#x}")));
+    }
+    Ok(())
+}
+
 /// Little-endian field access into a local copy of a remote struct.
 /// Out-of-range offsets read as zero: offsets were validated against the
 /// struct sizes at attach, so this only happens on a torn or bogus buffer,

@@ -46,8 +46,8 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::offsets::Offsets;
-use crate::process::memory::{RemoteMemory, field_u32, field_u64};
-use crate::python::strings::{bytes_len, check_pointer, decode_unicode, unicode_head_len, unicode_shape};
+use crate::process::memory::{RemoteMemory, check_pointer, field_u32, field_u64};
+use crate::python::strings::{bytes_len, decode_unicode, unicode_head_len, unicode_shape};
 
 #[derive(Debug)]
 pub struct CodeInfo {
@@ -59,8 +59,8 @@ pub struct CodeInfo {
     /// Instructions (code units) before this one are a prologue; 0 where
     /// the version has no such field.
     pub first_traceable: i32,
-    /// The code CPython 3.12–3.13 give the eval loop's entry shim frames
-    /// (pystate.c names it so); never the code of a Python frame.
+    /// The code of the eval loop's entry frames (`Rules::shim_code_name`);
+    /// never the code of a Python frame.
     pub shim: bool,
 }
 
@@ -252,9 +252,7 @@ impl CodeCache {
     /// another check. Borrowed, not cloned: a walk asks once per frame, and
     /// each `Arc` clone and drop is an atomic operation.
     pub fn get(&mut self, src: &Sources, o: &Offsets, addr: u64, frame_at: u64, gens: Generations) -> Result<(&Arc<CodeInfo>, Ident)> {
-        if addr == 0 || addr % 8 != 0 {
-            return Err(Error::Corrupt(format!("bad code pointer {addr:#x}")));
-        }
+        check_pointer(addr, "code")?;
         let epoch = self.epoch;
         if matches!(&self.last, Some((a, e, _, _)) if *a == addr && *e == epoch) {
             self.stats.hits += 1;
@@ -384,7 +382,7 @@ impl CodeCache {
             && (name_head2, file_head2, lt_size2) == (name_head, file_head, lt_size)
             && (&name2, &file2, &linetable2) == (&name, &file, &linetable);
         if !same {
-            return Err(Error::Corrupt(format!("code object at {addr:#x} changed while read")));
+            return Err(Error::Torn(format!("code object at {addr:#x} changed while read")));
         }
         let hash = field_u64(&name_head2, (ob.unicode_length + 8) as usize);
         let is_static = self.in_image(fp.name);
@@ -397,7 +395,7 @@ impl CodeCache {
             firstlineno: fp.firstlineno as i32,
             linetable: linetable.into_boxed_slice(),
             first_traceable: o.code.first_traceable.map_or(0, |off| field_u32(&head, off as usize) as i32),
-            shim: name == b"<interpreter trampoline>",
+            shim: o.rules.shim_code_name.as_ref().is_some_and(|n| n.as_bytes() == name),
         });
         Ok((fp, ident, info))
     }
@@ -407,9 +405,7 @@ impl CodeCache {
         if self.code_types.contains(&ty) {
             return Ok(());
         }
-        if ty == 0 || ty % 8 != 0 {
-            return Err(Error::Corrupt(format!("bad type pointer {ty:#x}")));
-        }
+        check_pointer(ty, "type")?;
         let name_ptr = mem.read_u64(ty + o.object.tp_name)?;
         let mut name = [0u8; 5];
         mem.read(name_ptr, &mut name)?;
@@ -450,7 +446,7 @@ fn ident_of(mem: &dyn RemoteMemory, o: &Offsets, addr: u64, fp: &Fingerprint, is
     mem.read(fp.name, head)?;
     let state = field_u32(head, ob.unicode_state as usize);
     let hash = field_u64(head, (ob.unicode_length + 8) as usize);
-    let (data_at, first8) = if (state >> 6) & 1 == 1 {
+    let (data_at, first8) = if state & ob.unicode_ascii_mask != 0 {
         (ob.unicode_ascii_size, field_u64(head, ob.unicode_ascii_size as usize))
     } else {
         (ob.unicode_compact_size, mem.read_u64(fp.name + ob.unicode_compact_size)?)

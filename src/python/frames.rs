@@ -149,6 +149,107 @@ impl CycleCheck {
     }
 }
 
+/// What one thread's walk reads from: frames through `mem`, code objects
+/// from `code` (see `python::code` for why the order of the two matters).
+pub struct WalkContext<'a> {
+    pub mem: &'a dyn RemoteMemory,
+    pub code: &'a Sources<'a>,
+    pub offsets: &'a Offsets,
+    /// The thread's interpreter's code-object generation.
+    pub gens: Generations,
+    /// A trace or profile hook was running on the thread.
+    pub hooked: bool,
+}
+
+/// The fields of one frame the walk uses, from one copy of it.
+struct RawFrame {
+    previous: u64,
+    /// The executable word as stored (tag bits and all), and the code object.
+    code_raw: u64,
+    code: u64,
+    /// The 8-byte word holding the instruction field, for the re-read.
+    instr_word: u64,
+    /// `ob_refcnt` of a frame object (0 for other chains).
+    refcnt: u64,
+    /// The first frame of an eval-loop call (3.11's `is_entry`).
+    entry: bool,
+    owner: Option<u8>,
+    /// `stacktop` says the frame was running, not parked on a call.
+    stacktop_running: bool,
+}
+
+impl RawFrame {
+    fn parse(o: &Offsets, buf: &[u8]) -> RawFrame {
+        let code_raw = field_u64(buf, o.frame.code as usize);
+        RawFrame {
+            previous: field_u64(buf, o.frame.previous as usize),
+            code_raw,
+            code: code_raw & !o.constants.executable_tag_mask,
+            instr_word: field_u64(buf, o.frame.instr as usize),
+            // ob_refcnt leads PyObject_HEAD.
+            refcnt: if o.layout.frame == FrameChain::FrameObject { field_u64(buf, 0) } else { 0 },
+            entry: o.rules.entry_frame_flagged && o.frame.is_entry.is_some_and(|off| field_u8(buf, off as usize) != 0),
+            owner: o.frame.owner.map(|off| field_u8(buf, off as usize)),
+            stacktop_running: o.frame.stacktop.is_some_and(|off| field_u32(buf, off as usize) as i32 == -1),
+        }
+    }
+}
+
+enum Step {
+    /// A Python frame, shown unless it has not started yet.
+    Python,
+    /// The frame an eval-loop call starts with: it closes a group.
+    EntryShim,
+    /// No frame (a popped one whose executable is cleared): tells nothing
+    /// about the frame below.
+    Skip,
+}
+
+/// A popped frame keeps its contents, `previous` included, until the slot
+/// is reused; the caller it names is then running again. The re-read alone
+/// cannot tell: a caller that loops may be back on the same instruction,
+/// and its callee's slot refilled, by the time it is read again (Debian's
+/// static 3.11 on a tight loop: impossible stacks in 3 of 25 one-second
+/// recordings). `stacktop` is read in the same copy as the caller's
+/// instruction, so it tells whether that very instruction was a suspended
+/// call. It need not join the re-read: the instruction already does, and a
+/// caller that resumed since shows a moved instruction or a moved
+/// current-frame pointer (re-reading it cost 5-8 % of a 100-deep sample).
+///
+/// Through C the callee leaves no mark on its caller, but the caller's own
+/// stacktop still tells the other way round: -1 while it runs (and so while
+/// the C code it called runs), saved once it returned. Hooks save the
+/// stacktop of the frame they trace while they run, so a hooked thread is
+/// left to the re-read there.
+fn check_caller_stacktop(frame: u64, running: bool, callee: Callee, hooked: bool) -> Result<()> {
+    match callee {
+        Callee::Inlined if running => Err(Error::Torn(format!("frame {frame:#x} was running, not calling, when read"))),
+        Callee::FromC if !running && !hooked => Err(Error::Torn(format!("frame {frame:#x} had returned when read"))),
+        _ => Ok(()),
+    }
+}
+
+/// The frame's instruction in the unit its line table counts, or None for
+/// a frame CPython calls incomplete: pushed but not started, or still in
+/// its prologue (cells, free variables, 3.13's `__init__` trampoline).
+fn instruction(o: &Offsets, f: &RawFrame, code: &CodeInfo) -> Option<i32> {
+    match o.layout.lasti {
+        LastiUnit::Bytes | LastiUnit::CodeUnits => Some(f.instr_word as u32 as i32),
+        LastiUnit::InstrPtr => {
+            let ip = f.instr_word;
+            let start = f.code + o.code.code_adaptive.unwrap_or(0);
+            if o.rules.incomplete_frames_hidden {
+                let prologue = start + 2 * code.first_traceable.max(0) as u64;
+                let generator = f.owner.is_some() && f.owner == o.constants.generator_owner;
+                if ip < start || (ip < prologue && !generator) {
+                    return None;
+                }
+            }
+            Some((ip.saturating_sub(start) / 2).min(i32::MAX as u64) as i32)
+        }
+    }
+}
+
 impl FrameWalker {
     /// Forget the links of the previous snapshot.
     pub fn begin(&mut self) {
@@ -216,7 +317,7 @@ impl FrameWalker {
         self.ranges.extend(spans.iter().map(|&(s, e, _)| (s, (e - s) as usize)));
         let got = mem.read_scatter(&self.ranges, &mut self.check);
         if got != total {
-            return Err(Error::Corrupt("stack changed while read (memory gone)".into()));
+            return Err(Error::Torn("memory gone".into()));
         }
         // Every word lies in its own set's spans; a miss reads as "changed"
         // rather than a panic.
@@ -231,7 +332,7 @@ impl FrameWalker {
             .or_else(|| self.links[..n].iter().find(|w| word(frames, w.0) != Some(w.1)))
             .or_else(|| self.heads.iter().map(|&i| &self.links[i]).find(|w| word(heads, w.0) != Some(w.1) || word(heads2, w.0) != Some(w.1)));
         if let Some((addr, _)) = changed {
-            return Err(Error::Corrupt(format!("stack changed while read (word at {addr:#x})")));
+            return Err(Error::Torn(format!("word at {addr:#x} moved")));
         }
         if let Some(i) = known {
             self.verified[..=i].rotate_right(1);
@@ -250,28 +351,13 @@ impl FrameWalker {
     /// back the last sample's vector lets frames that did not change keep
     /// their shared strings, so a steady stack costs no reference-count
     /// traffic (at depth 100 the clones and drops were a fifth of a sample).
-    /// Frames are read through `mem`, code objects from `code` (see
-    /// `python::code` for why the order of the two matters); `gens` is the
-    /// thread's interpreter's code-object generation; `hooked`: a trace or
-    /// profile hook was running on the thread.
-    #[allow(clippy::too_many_arguments)]
-    pub fn walk(
-        &mut self,
-        mem: &dyn RemoteMemory,
-        code: &Sources,
-        o: &Offsets,
-        codes: &mut CodeCache,
-        gens: Generations,
-        hooked: bool,
-        mut frame: u64,
-        out: &mut Vec<Frame>,
-    ) -> Result<()> {
+    pub fn walk(&mut self, ctx: &WalkContext, codes: &mut CodeCache, mut frame: u64, out: &mut Vec<Frame>) -> Result<()> {
+        let o = ctx.offsets;
         self.buf.resize(o.frame.size as usize, 0);
         self.groups.clear();
         let mut n = 0usize;
         let mut cycle = CycleCheck::new();
         let mut visited = 0usize;
-        let mut first = true;
         // The held range the last frame lay in, and its read time: a walk
         // stays inside one chunk, so most frames need no lookup.
         let mut held: Option<(u64, u64, u64)> = None;
@@ -286,129 +372,56 @@ impl FrameWalker {
             if frame % 8 != 0 || !cycle.visit(frame) {
                 return Err(Error::Corrupt(format!("frame chain revisits or misaligned at {frame:#x}")));
             }
-            mem.read(frame, &mut self.buf)?;
-            let buf = &self.buf;
-            let previous = field_u64(buf, o.frame.previous as usize);
-            let code_raw = field_u64(buf, o.frame.code as usize);
-            let code_addr = code_raw & !o.constants.executable_tag_mask;
-            self.links.push((frame + o.frame.previous, previous));
-            self.links.push((frame + o.frame.code, code_raw));
-            // A caller's instruction is parked on its call and must not move;
-            // the innermost frame's moves all the time (3.13+ store it on every
-            // instruction) and cannot make a stack impossible, so it is not checked.
-            // (f_lasti is an int: its 8-byte word also covers a neighbour, harmlessly.)
-            if !first {
-                self.links.push((frame + o.frame.instr, field_u64(buf, o.frame.instr as usize)));
-            }
-            first = false;
-            if o.layout.frame == FrameChain::FrameObject {
-                // ≤ 3.10 frame objects are recycled (zombie frames, free list):
-                // a freed one has refcount 0 (ob_refcnt leads PyObject_HEAD).
-                if field_u64(buf, 0) == 0 {
-                    return Err(Error::Corrupt(format!("frame {frame:#x} was freed while read")));
+            ctx.mem.read(frame, &mut self.buf)?;
+            let f = RawFrame::parse(o, &self.buf);
+            self.note_links(o, frame, &f, visited == 1);
+            let previous = f.previous;
+            match self.classify(ctx, frame, &f, callee)? {
+                Step::Skip => callee = Callee::None,
+                Step::EntryShim => {
+                    self.close_group(n, frame);
+                    callee = Callee::FromC;
                 }
-            }
-            // 3.11 flags the first frame an eval call pushed; that call's
-            // group ends with it (checked after this frame is emitted).
-            let entry = o.frame.is_entry.is_some_and(|off| field_u8(buf, off as usize) != 0);
-
-            let owner = o.frame.owner.map(|off| field_u8(buf, off as usize));
-            // Shim frames pushed by C code to mark an entry into the eval
-            // loop: not Python code.
-            if owner.zip(o.constants.first_non_python_owner).is_some_and(|(owner, first)| owner >= first) {
-                self.close_group(n, frame);
-                callee = Callee::FromC;
-                frame = previous;
-                continue;
-            }
-            if code_addr == 0 {
-                if entry {
-                    self.close_group(n, 0);
-                }
-                callee = Callee::None;
-                frame = previous;
-                continue;
-            }
-            // A popped frame keeps its contents, `previous` included, until
-            // the slot is reused; the caller it names is then running again.
-            // The re-read alone cannot tell: a caller that loops may be back
-            // on the same instruction, and its callee's slot refilled, by the
-            // time it is read again (Debian's static 3.11 on a tight loop:
-            // impossible stacks in 3 of 25 one-second recordings).
-            // `stacktop` is read in the same copy as the caller's instruction,
-            // so it tells whether that very instruction was a suspended call.
-            // It need not join the re-read: the instruction already does, and
-            // a caller that resumed since shows a moved instruction or a
-            // moved current-frame pointer (re-reading it cost 5-8 % of a
-            // 100-deep sample).
-            //
-            // Through C the callee leaves no mark on its caller, but the
-            // caller's own stacktop still tells the other way round: -1 while
-            // it runs (and so while the C code it called runs), saved once it
-            // returned (with the `_PyCFrame` re-read, 3.11 recursing through
-            // `map` went from 53 impossible stacks in 73,382 samples to none).
-            // Hooks save the stacktop of the
-            // frame they trace while they run, so a hooked thread is left to
-            // the re-read there.
-            if let Some(off) = o.frame.stacktop {
-                let running = field_u32(buf, off as usize) as i32 == -1;
-                match callee {
-                    Callee::Inlined if running => {
-                        return Err(Error::Corrupt(format!("frame {frame:#x} was running, not calling, when read")));
-                    }
-                    Callee::FromC if !running && !hooked => {
-                        return Err(Error::Corrupt(format!("frame {frame:#x} had returned when read")));
-                    }
-                    _ => {}
-                }
-            }
-            callee = if entry { Callee::FromC } else { Callee::Inlined };
-            let len = self.buf.len() as u64;
-            let frame_at = match held {
-                Some((s, e, t)) if s <= frame && frame + len <= e => t,
-                _ => {
-                    let (t, range) = mem.read_time(frame, len as usize);
-                    held = range.map(|(s, e)| (s, e, t));
-                    t
-                }
-            };
-            let (code, ident) = codes.get(code, o, code_addr, frame_at, gens)?;
-            // A shim lives on the C stack of its eval call and is found by its
-            // owner; with another owner it is a stale one whose slot the C
-            // code has partly reused since (3.12 showed them as frames).
-            if code.shim {
-                return Err(Error::Corrupt(format!("entry shim at {frame:#x} was overwritten while read")));
-            }
-            // Recursion names one code object frame after frame: once is enough.
-            if code_addr != last_code {
-                self.idents.extend_from_slice(ident.words());
-                last_code = code_addr;
-            }
-            let instr = match o.layout.lasti {
-                LastiUnit::Bytes | LastiUnit::CodeUnits => field_u32(buf, o.frame.instr as usize) as i32,
-                LastiUnit::InstrPtr => {
-                    let ip = field_u64(buf, o.frame.instr as usize);
-                    let start = code_addr + o.code.code_adaptive.unwrap_or(0);
-                    let prologue = start + 2 * code.first_traceable.max(0) as u64;
-                    let generator = owner.is_some() && owner == o.constants.generator_owner;
-                    if ip < start || (ip < prologue && !generator) {
-                        // Pushed but not started yet, or still in its
-                        // prologue (CPython calls both incomplete and hides
-                        // them from tracebacks too).
-                        if entry {
-                            self.close_group(n, 0);
+                Step::Python => {
+                    callee = if f.entry { Callee::FromC } else { Callee::Inlined };
+                    let len = self.buf.len() as u64;
+                    let frame_at = match held {
+                        Some((s, e, t)) if s <= frame && frame + len <= e => t,
+                        _ => {
+                            let (t, range) = ctx.mem.read_time(frame, len as usize);
+                            held = range.map(|(s, e)| (s, e, t));
+                            t
                         }
-                        frame = previous;
-                        continue;
+                    };
+                    let (code, ident) = codes.get(ctx.code, o, f.code, frame_at, ctx.gens)?;
+                    // Entry frames live on the C stack of their eval call and
+                    // are found by their owner (above); with another owner,
+                    // one is a stale slot the C code has partly reused since
+                    // (3.12 showed them as frames).
+                    if code.shim {
+                        return Err(Error::Torn(format!("entry shim at {frame:#x} was overwritten while read")));
                     }
-                    ((ip - start) / 2).min(i32::MAX as u64) as i32
+                    // Recursion names one code object frame after frame: once is enough.
+                    if f.code != last_code {
+                        self.idents.extend_from_slice(ident.words());
+                        last_code = f.code;
+                    }
+                    match instruction(o, &f, code) {
+                        Some(instr) => {
+                            let line = self.lines.line(o, code, instr);
+                            put_frame(out, n, code, line);
+                            n += 1;
+                            if o.rules.eval_call_per_frame {
+                                self.close_group(n, 0);
+                            }
+                        }
+                        // Pushed but not started, or still in its prologue:
+                        // CPython calls it incomplete and hides it too.
+                        None => {}
+                    }
                 }
-            };
-            let line = self.lines.line(o, code, instr);
-            put_frame(out, n, code, line);
-            n += 1;
-            // ≤ 3.10 runs every frame in a C call of its own.
-            if entry || o.layout.frame == FrameChain::FrameObject {
+            }
+            if f.entry {
                 self.close_group(n, 0);
             }
             frame = previous;
@@ -418,6 +431,45 @@ impl FrameWalker {
         Ok(())
     }
 
+    /// Remember the words this frame's place in the stack rests on, for
+    /// [`verify`](Self::verify): its links, and a caller's instruction, which
+    /// is parked on its call and must not move. The innermost frame's
+    /// instruction moves all the time (3.13+ store it on every instruction)
+    /// and cannot make a stack impossible, so it is not checked. (`f_lasti`
+    /// is an int: its 8-byte word also covers a neighbour, harmlessly.)
+    fn note_links(&mut self, o: &Offsets, frame: u64, f: &RawFrame, innermost: bool) {
+        self.links.push((frame + o.frame.previous, f.previous));
+        self.links.push((frame + o.frame.code, f.code_raw));
+        if !innermost {
+            self.links.push((frame + o.frame.instr, f.instr_word));
+        }
+    }
+
+    /// What this frame is, by the version's rules; an error where the rules
+    /// say the read is torn.
+    fn classify(&self, ctx: &WalkContext, frame: u64, f: &RawFrame, callee: Callee) -> Result<Step> {
+        let (o, rules) = (ctx.offsets, &ctx.offsets.rules);
+        // Frame objects are recycled: one freed while we read it is not in
+        // any stack.
+        if rules.frame_objects_recycled && f.refcnt == 0 {
+            return Err(Error::Torn(format!("frame {frame:#x} was freed while read")));
+        }
+        // Frames pushed by C code to mark an entry into the eval loop (and
+        // 3.14+'s base frame): not Python code.
+        if rules.entry_shim_frames && f.owner.zip(o.constants.first_non_python_owner).is_some_and(|(owner, first)| owner >= first) {
+            return Ok(Step::EntryShim);
+        }
+        if f.code == 0 {
+            if rules.popped_executable_cleared {
+                return Ok(Step::Skip);
+            }
+            return Err(Error::Torn(format!("frame {frame:#x} has no code")));
+        }
+        if rules.caller_stacktop {
+            check_caller_stacktop(frame, f.stacktop_running, callee, ctx.hooked)?;
+        }
+        Ok(Step::Python)
+    }
     /// End the current eval group at `end` frames; empty groups (an eval call
     /// that has not pushed its first frame yet, 3.14's base frame) are dropped.
     fn close_group(&mut self, end: usize, anchor: u64) {

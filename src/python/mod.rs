@@ -3,6 +3,7 @@
 pub mod code;
 pub mod frames;
 pub mod linetable;
+pub mod snapshot;
 pub mod strings;
 pub mod thread_names;
 pub mod threads;

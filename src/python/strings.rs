@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::offsets::ObjectOffsets;
-use crate::process::memory::{RemoteMemory, field_u32, field_u64};
+use crate::process::memory::{RemoteMemory, check_pointer, field_u32, field_u64};
 
 /// Longest identifier or path we accept, in characters.
 pub const MAX_STR_CHARS: u64 = 4096;
@@ -28,11 +28,10 @@ pub struct StrShape {
 pub fn unicode_shape(o: &ObjectOffsets, addr: u64, head: &[u8]) -> Result<StrShape> {
     let state = field_u32(head, o.unicode_state as usize);
     let length = field_u64(head, o.unicode_length as usize);
-    // PyASCIIObject.state bit-fields (stable 3.8–3.15, default builds):
-    // interned:2, kind:3, compact:1, ascii:1, ...
-    let kind = (state >> 2) & 0x7;
-    let compact = (state >> 5) & 1 == 1;
-    let ascii = (state >> 6) & 1 == 1;
+    // PyASCIIObject.state bit-fields, located by the offsets file.
+    let kind = (state & o.unicode_kind_mask) >> o.unicode_kind_mask.trailing_zeros();
+    let compact = state & o.unicode_compact_mask != 0;
+    let ascii = state & o.unicode_ascii_mask != 0;
     if !compact || !matches!(kind, 1 | 2 | 4) || length > MAX_STR_CHARS {
         return Err(Error::Corrupt(format!("str at {addr:#x}: state {state:#x}, length {length}")));
     }
@@ -47,13 +46,6 @@ pub fn decode_unicode(shape: StrShape, data: &[u8]) -> String {
         2 => data.chunks_exact(2).map(|c| char::from_u32(u16::from_le_bytes([c[0], c[1]]) as u32).unwrap_or('\u{fffd}')).collect(),
         _ => data.chunks_exact(4).map(|c| char::from_u32(u32::from_le_bytes(c.try_into().unwrap())).unwrap_or('\u{fffd}')).collect(),
     }
-}
-
-pub fn check_pointer(addr: u64, what: &str) -> Result<()> {
-    if addr == 0 || addr % 8 != 0 {
-        return Err(Error::Corrupt(format!("bad {what} pointer {addr:#x}")));
-    }
-    Ok(())
 }
 
 pub fn read_unicode(mem: &dyn RemoteMemory, o: &ObjectOffsets, addr: u64) -> Result<String> {

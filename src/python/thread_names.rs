@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::offsets::{EntryLayout, InstanceDict, KeysSize, LongHeader, NameOffsets, ObjectOffsets, Offsets};
-use crate::process::memory::{RemoteMemory, field_u8, field_u32, field_u64};
+use crate::process::memory::{RemoteMemory, check_pointer as check_ptr, field_u8, field_u32, field_u64, plausible_pointer as plausible_ptr};
 use crate::python::strings::read_unicode;
 use crate::python::threads::MAX_THREADS;
 
@@ -55,21 +55,6 @@ pub fn thread_names(mem: &dyn RemoteMemory, o: &Offsets, interp: u64) -> Result<
         }
     }
     Ok(out)
-}
-
-/// Above any user-space address (x86-64 with 5-level paging: 57 bits), so
-/// `ptr + offset` of a checked pointer cannot overflow.
-const MAX_USER_ADDR: u64 = 1 << 57;
-
-fn plausible_ptr(addr: u64) -> bool {
-    addr != 0 && addr % 8 == 0 && addr < MAX_USER_ADDR
-}
-
-fn check_ptr(addr: u64, what: &str) -> Result<()> {
-    if !plausible_ptr(addr) {
-        return Err(Error::Corrupt(format!("bad {what} pointer {addr:#x}")));
-    }
-    Ok(())
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -262,12 +247,12 @@ impl Reader<'_> {
             let mut reqs: Vec<(u64, &mut [u8])> = live.iter().map(|&i| keys[i]).zip(heads.chunks_exact_mut(head)).collect();
             self.mem.read_many(&mut reqs)?;
         }
-        let kind_shift = n.unicode_kind_mask.trailing_zeros();
+        let kind_shift = o.unicode_kind_mask.trailing_zeros();
         let mut text = vec![0u8; name.len()];
         for (&i, h) in live.iter().zip(heads.chunks_exact(head)) {
             let state = field_u32(h, o.unicode_state as usize);
-            let ascii_compact = state & n.unicode_ascii_mask != 0 && state & n.unicode_compact_mask != 0;
-            if !ascii_compact || (state & n.unicode_kind_mask) >> kind_shift != 1 || field_u64(h, o.unicode_length as usize) != name.len() as u64 {
+            let ascii_compact = state & o.unicode_ascii_mask != 0 && state & o.unicode_compact_mask != 0;
+            if !ascii_compact || (state & o.unicode_kind_mask) >> kind_shift != 1 || field_u64(h, o.unicode_length as usize) != name.len() as u64 {
                 continue;
             }
             self.mem.read(keys[i] + o.unicode_ascii_size, &mut text)?;
@@ -590,7 +575,7 @@ mod tests {
             a
         }
         fn str(&mut self, text: &str) -> u64 {
-            let (o, n) = (&self.o.object, self.n);
+            let o = &self.o.object;
             let chars: Vec<char> = text.chars().collect();
             let ascii = text.is_ascii();
             let kind: u32 = if ascii || chars.iter().all(|&c| (c as u32) < 256) {
@@ -602,9 +587,9 @@ mod tests {
             };
             let data_at = if ascii { o.unicode_ascii_size } else { o.unicode_compact_size };
             let a = self.object(self.str_t, data_at + (chars.len() as u64 + 1) * kind as u64);
-            let mut state = (kind << n.unicode_kind_mask.trailing_zeros()) | n.unicode_compact_mask;
+            let mut state = (kind << o.unicode_kind_mask.trailing_zeros()) | o.unicode_compact_mask;
             if ascii {
-                state |= n.unicode_ascii_mask;
+                state |= o.unicode_ascii_mask;
             }
             self.h.put(a + o.unicode_state, &state.to_le_bytes());
             self.h.w64(a + o.unicode_length, chars.len() as u64);

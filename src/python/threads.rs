@@ -76,12 +76,12 @@ fn interp_threads(mem: &dyn RemoteMemory, o: &Offsets, interp: u64, head: u64, l
             return Err(Error::Corrupt(format!("thread state {ts:#x} belongs to {owner:#x}, not {interp:#x}")));
         }
         if linked && field_u64(buf, o.thread.prev as usize) != prev {
-            return Err(Error::Corrupt(format!("thread state {ts:#x} is not linked where it was")));
+            return Err(Error::Torn(format!("thread state {ts:#x} is not linked where it was")));
         }
         let mut frame = field_u64(buf, o.thread.current_frame as usize);
         let mut frame_field = ts + o.thread.current_frame;
         let mut cframe = None;
-        if let (Some(cf), true) = (o.thread.cframe_current_frame, frame != 0) {
+        if let (Some(cf), true) = (o.thread.cframe_current_frame.filter(|_| o.rules.current_frame_in_cframe), frame != 0) {
             cframe = Some(frame);
             frame_field = frame + cf;
             frame = mem.read_u64(frame_field)?;
@@ -149,6 +149,40 @@ impl ThreadList {
         self.since_full = 0;
         Ok(())
     }
+}
+
+/// Does `runtime` lead to an interpreter whose first thread state points back
+/// at it? That cycle is what tells a real `_PyRuntime` from look-alike data.
+/// `points_to_data` says whether an address may be a pointer to the target's data.
+pub fn runtime_cycle_holds(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, points_to_data: impl Fn(u64) -> bool) -> bool {
+    let Ok(interp) = mem.read_u64(runtime + o.runtime.interpreters_head) else { return false };
+    if !points_to_data(interp) {
+        return false;
+    }
+    let Ok(tstate) = mem.read_u64(interp + o.interp.threads_head) else { return false };
+    if !points_to_data(tstate) {
+        return false;
+    }
+    mem.read_u64(tstate + o.thread.interp).is_ok_and(|back| back == interp)
+}
+
+/// The data scan's stricter test: besides the cycle, the head thread state
+/// has no `prev`, and the whole interpreter and thread lists walk cleanly.
+/// Other globals that merely point at the main interpreter (CPython keeps
+/// several) fail this.
+pub fn is_runtime(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, points_to_data: impl Fn(u64) -> bool + Copy) -> bool {
+    if !runtime_cycle_holds(mem, o, runtime, points_to_data) {
+        return false;
+    }
+    let head_prev = mem
+        .read_u64(runtime + o.runtime.interpreters_head)
+        .and_then(|interp| mem.read_u64(interp + o.interp.threads_head))
+        .and_then(|ts| mem.read_u64(ts + o.thread.prev));
+    if !matches!(head_prev, Ok(0)) {
+        return false;
+    }
+    let mut states = Vec::new();
+    thread_states(mem, o, runtime, &mut states, &mut Vec::new()).is_ok() && states.iter().all(|t| t.frame == 0 || points_to_data(t.frame))
 }
 
 /// The thread state that last took the GIL, if the GIL is held right now.

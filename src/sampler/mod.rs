@@ -124,7 +124,8 @@ pub fn install_signal_handlers() {
 fn error_kind(e: &Error) -> &'static str {
     match e {
         Error::Read { .. } => "read",
-        Error::Corrupt(_) => "torn",
+        Error::Torn(_) => "torn",
+        Error::Corrupt(_) => "corrupt",
         Error::PermissionDenied { .. } => "permission",
         _ => "other",
     }
@@ -155,7 +156,7 @@ pub fn run(
     let needs = SnapshotNeeds { gil: cfg.mode == Mode::Gil, on_cpu: cfg.mode == Mode::Cpu, names: true, stop_running_only: cfg.mode == Mode::Cpu };
     let mut stats = SamplerStats::default();
     let mut timer = timer::Timer::new(Duration::from_secs_f64(1.0 / cfg.rate_hz));
-    let commands: Vec<String> = sessions.iter().map(|s| s.attached.target.cmdline().join(" ")).collect();
+    let commands: Vec<String> = sessions.iter().map(|s| s.attached().target.cmdline().join(" ")).collect();
     let mut commands: std::collections::HashMap<i32, String> = sessions.iter().map(|s| s.pid()).zip(commands).collect();
     let mut last_progress = Duration::ZERO;
     let mut last_discover = Duration::ZERO;
@@ -206,12 +207,12 @@ pub fn run(
                     s.recycle(threads);
                     i += 1;
                 }
-                Err(e) if e.is_process_gone() || !s.attached.target.is_alive() => {
-                    stats.syscalls += s.attached.mem.syscalls();
-                    if let Some(n) = &s.native {
-                        stats.native.add(&n.stats);
-                        stats.add_warnings(&n.warnings);
+                Err(e) if e.is_process_gone() || !s.attached().target.is_alive() => {
+                    stats.syscalls += s.attached().mem.syscalls();
+                    if let Some(n) = s.native_stats() {
+                        stats.native.add(n);
                     }
+                    stats.add_warnings(s.native_warnings());
                     sessions.remove(i);
                 }
                 Err(e) => {
@@ -229,7 +230,7 @@ pub fn run(
                 let before = sessions.len();
                 d.poll(sessions);
                 for s in &sessions[before..] {
-                    commands.insert(s.pid(), s.attached.target.cmdline().join(" "));
+                    commands.insert(s.pid(), s.attached().target.cmdline().join(" "));
                 }
             }
         }
@@ -243,10 +244,12 @@ pub fn run(
     stats.elapsed = timer.elapsed();
     stats.late = timer.late;
     stats.skipped = timer.skipped;
-    stats.syscalls += sessions.iter().map(|s| s.attached.mem.syscalls()).sum::<u64>();
-    for n in sessions.iter().filter_map(|s| s.native.as_ref()) {
-        stats.native.add(&n.stats);
-        stats.add_warnings(&n.warnings);
+    stats.syscalls += sessions.iter().map(|s| s.attached().mem.syscalls()).sum::<u64>();
+    for s in sessions.iter() {
+        if let Some(n) = s.native_stats() {
+            stats.native.add(n);
+        }
+        stats.add_warnings(s.native_warnings());
     }
     let _ = threads_seen;
     (stats, reason)

@@ -174,6 +174,41 @@ static void layout(void)
 #endif
 }
 
+/* How this minor's frames behave, as the walker relies on them: facts of the
+ * interpreter's code, not of its struct layout, so offsetof cannot find them.
+ * The walker switches on these names only; a file without them is refused.
+ * Each line says which CPython code makes it true. */
+static void rule(const char *key, int on, const char *why)
+{
+    printf("%s = %s  # %s\n", key, on ? "true" : "false", why);
+}
+
+static void rules(void)
+{
+    int v = PY_VERSION_HEX >> 16; /* 0x0308 ... 0x030F */
+    printf("\n[rules]\n");
+    rule("frame_objects_recycled", v < 0x030B,
+         "frame_dealloc: a freed frame object stays in memory (zombie frame, free list) with ob_refcnt 0");
+    rule("eval_call_per_frame", v < 0x030B,
+         "_PyEval_EvalFrameDefault runs one frame per C call");
+    rule("entry_frame_flagged", v == 0x030B,
+         "is_entry marks the first frame each eval-loop call pushed");
+    rule("entry_shim_frames", v >= 0x030C,
+         "each eval-loop call first pushes a frame owned by the C stack (3.14+: the interpreter), a local of that call");
+    printf("shim_code_name = \"%s\"  # %s\n", (v == 0x030C || v == 0x030D) ? "<interpreter trampoline>" : "",
+           "the code of those entry frames (pystate.c): one found by this name, not by its owner, is a stale slot");
+    rule("caller_stacktop", v >= 0x030B && v <= 0x030D,
+         "stacktop is -1 while a frame runs; saved before an inlined call, on return, and while a trace hook runs");
+    rule("popped_executable_cleared", v >= 0x030E,
+         "clear_thread_frame (ceval.c) clears f_executable as it pops a frame: a null one is no frame");
+    rule("incomplete_frames_hidden", v >= 0x030B,
+         "_PyFrame_IsIncomplete: a frame before _co_firsttraceable (never a generator's) is hidden from tracebacks");
+    rule("current_frame_in_cframe", v == 0x030B || v == 0x030C,
+         "tstate->cframe lives on the innermost eval call's C stack and names its frame even after that call returned");
+    printf("code_counter = \"%s\"  # %s\n", v >= 0x030E ? "frees" : v >= 0x030C ? "versions" : "none",
+           "what can prove a cached code object unchanged: a count of frees, the co_version counter, or nothing");
+}
+
 static void unicode_state_constants(void)
 {
     /* Not offsets but needed to decode a str: where kind/compact/ascii sit in
@@ -585,6 +620,12 @@ static int debug_table(void)
                        (unsigned long long)words[i]);
         }
         printf("]\n");
+        /* The same values as data, for pyprof's own unit tests (which have
+         * no target to read them from); never used to read a process. */
+        printf("header_defaults = [");
+        for (size_t i = 0; i < NFIELDS; i++)
+            printf("%s%llu%s", i % 8 == 0 ? "\n    " : " ", (unsigned long long)words[i], i + 1 < NFIELDS ? "," : "");
+        printf("\n]\n");
     }
 
     /* What the walker needs and _Py_DebugOffsets does not carry. */
@@ -645,8 +686,10 @@ int main(int argc, char **argv)
     gdb_mode = argc > 1 && strcmp(argv[1], "--gdb") == 0;
     if (instance_dict_selfcheck())
         return 1;
-    if (!gdb_mode)
+    if (!gdb_mode) {
         layout();
+        rules();
+    }
 #if PY_VERSION_HEX < 0x030D0000
     full_table();
     return 0;

@@ -1,0 +1,254 @@
+//! One look at every Python thread's stack: thread states, then each
+//! thread's frames, then the re-read that proves they existed together
+//! ([`FrameWalker::verify`]). Everything is read through a
+//! [`RemoteMemory`], so the same code runs on a live process and on
+//! recorded memory (`tests/replay.rs`); facts only a live process has (its
+//! `/proc` entries) come from an optional [`Target`].
+
+use std::collections::HashMap;
+
+use crate::attach::{CodeCounter, Interpreter};
+use crate::error::Result;
+use crate::process::memory::RemoteMemory;
+use crate::process::prefetch::{PrefetchStats, Prefetcher};
+use crate::process::{Target, task_comm, task_state};
+use crate::python::code::{CodeCache, CodeCacheStats, Generations, Sources};
+use crate::python::frames::{FrameWalker, WalkContext};
+use crate::python::thread_names::NameCache;
+use crate::python::threads::{ThreadList, ThreadState, find_pthread_tid_offset, gil_holder};
+use crate::stack::{EvalGroup, ThreadStack};
+
+/// CPython's smallest data-stack chunk (`_PY_DATA_STACK_CHUNK_SIZE`).
+const MIN_STACK_CHUNK: u64 = 16 * 1024;
+/// How long a failed search for the pthread tid offset waits before the next.
+const PTHREAD_TID_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Which per-thread facts a snapshot should fetch; each costs reads.
+#[derive(Debug, Clone, Copy)]
+pub struct SnapshotNeeds {
+    pub gil: bool,
+    pub on_cpu: bool,
+    pub names: bool,
+    /// `--native` in cpu mode: only threads on a CPU are counted, so only
+    /// they are stopped for their registers.
+    pub stop_running_only: bool,
+}
+
+impl SnapshotNeeds {
+    pub const ALL: SnapshotNeeds = SnapshotNeeds { gil: true, on_cpu: true, names: true, stop_running_only: false };
+}
+
+/// Where a snapshot reads from.
+#[derive(Clone, Copy)]
+pub struct Source<'a> {
+    pub mem: &'a dyn RemoteMemory,
+    pub interp: &'a Interpreter,
+    /// The live process, for what only `/proc` knows (kernel thread ids
+    /// before 3.11, thread names and run states); None on recorded memory.
+    pub target: Option<&'a Target>,
+}
+
+/// The Python side of a session: the caches that make repeated snapshots
+/// cheap, and the scratch they are built in.
+#[derive(Default)]
+pub struct Snapshotter {
+    /// Kernel thread names, read once per tid: the fallback for threads
+    /// `threading` does not know.
+    names: HashMap<u64, Option<String>>,
+    /// `threading.Thread` names per interpreter, re-read about once a second.
+    py_names: NameCache,
+    codes: CodeCache,
+    walker: FrameWalker,
+    threads: ThreadList,
+    states: Vec<ThreadState>,
+    /// ≤ 3.10: where glibc keeps the tid in `struct pthread`, once found,
+    /// and when it was last looked for (a search that failed, e.g. while the
+    /// thread list changed under it, is retried a little later).
+    pthread_tid_offset: Option<u64>,
+    pthread_tid_searched: Option<std::time::Instant>,
+    /// The last sample's stacks, handed back by [`Snapshotter::recycle`]: the
+    /// next walk refills them in place (frame vectors, names), so a steady
+    /// sample allocates nothing.
+    spare: Vec<ThreadStack>,
+    /// An emptied vector to collect the next walk's stacks in.
+    spare_out: Vec<ThreadStack>,
+    /// GIL holder per interpreter, reused across samples.
+    holders: Vec<(u64, Option<u64>)>,
+    /// Scratch for reading thread states.
+    ts_buf: Vec<u8>,
+    prefetch: Prefetcher,
+    /// Keep each thread's eval-loop groups (for `--native`).
+    keep_groups: bool,
+    groups: Vec<Vec<EvalGroup>>,
+}
+
+impl Snapshotter {
+    pub fn new(interp: &Interpreter) -> Snapshotter {
+        Snapshotter { codes: CodeCache::new(interp.image.clone()), ..Snapshotter::default() }
+    }
+
+    /// Keep each thread's eval-loop groups of the last snapshot ([`Self::groups`]).
+    pub fn keep_groups(&mut self) {
+        self.keep_groups = true;
+    }
+
+    pub fn code_cache_stats(&self) -> CodeCacheStats {
+        self.codes.stats
+    }
+
+    /// Thread lists followed from a remembered head (see [`ThreadList`]).
+    pub fn threads_by_head(&self) -> u64 {
+        self.threads.by_head
+    }
+
+    pub fn prefetch_stats(&self) -> PrefetchStats {
+        self.prefetch.stats()
+    }
+
+    /// Eval-loop groups of thread `i` of the last snapshot (with [`Self::keep_groups`]).
+    pub fn groups(&self, i: usize) -> &[EvalGroup] {
+        self.groups.get(i).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Every thread's stack, innermost frame first, as one verified look.
+    pub fn snapshot(&mut self, src: Source, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
+        self.prefetch.begin(src.mem);
+        self.codes.begin_snapshot();
+        self.walker.begin();
+        let mut result = self.walk(src, needs);
+        // Not even one process_vm_readv is atomic: the kernel copies iovec by
+        // iovec while the target runs, so a current-frame pointer copied first
+        // can name a frame popped before the chunk holding it was copied. Every
+        // walk is therefore re-checked, in one more syscall, before it counts.
+        if result.is_ok() {
+            if let Err(e) = self.walker.verify(src.mem, self.codes.unproven()) {
+                if let Ok(torn) = std::mem::replace(&mut result, Err(e)) {
+                    self.recycle(torn);
+                }
+            }
+        }
+        self.prefetch.end();
+        if let Ok(threads) = &mut result {
+            self.thread_facts(src, threads, needs);
+        }
+        result
+    }
+
+    /// Names and run states of a verified snapshot's threads. Done after the
+    /// re-read, not between it and the walk: /proc and the thread-name dicts
+    /// take many syscalls, and the longer that window, the more often a
+    /// churning target tears the snapshot.
+    fn thread_facts(&mut self, src: Source, threads: &mut [ThreadStack], needs: SnapshotNeeds) {
+        if needs.names {
+            // The raw reader, not the per-sample prefetch view: names are read
+            // rarely and should not enter the prefetch plan.
+            self.py_names.refresh(src.mem, &src.interp.offsets, self.states.iter().map(|t| (t.interp, t.thread_id)));
+        }
+        let pid = src.target.map(|t| t.pid);
+        // `threads[i]` was walked from `self.states[i]`.
+        for (t, ts) in threads.iter_mut().zip(&self.states) {
+            let py_name = if needs.names { self.py_names.get(ts.interp, ts.thread_id) } else { None };
+            let name: Option<&str> = match (needs.names, t.native_id, pid) {
+                _ if py_name.is_some() => py_name,
+                (true, Some(n), Some(pid)) => self.names.entry(n).or_insert_with(|| task_comm(pid, n as i32)).as_deref(),
+                _ => None,
+            };
+            // Keep the previous sample's string when the name is unchanged.
+            if t.name.as_deref() != name {
+                t.name = name.map(str::to_owned);
+            }
+            t.on_cpu = needs.on_cpu && t.native_id.zip(pid).and_then(|(n, pid)| task_state(pid, n as i32)) == Some('R');
+        }
+    }
+
+    /// Hand a snapshot's stacks back once they have been used, so the next
+    /// snapshot reuses their memory.
+    pub fn recycle(&mut self, mut threads: Vec<ThreadStack>) {
+        if self.spare.is_empty() {
+            self.spare = threads;
+        } else if threads.capacity() > self.spare_out.capacity() {
+            threads.clear();
+            self.spare_out = threads;
+        }
+    }
+
+    fn walk(&mut self, src: Source, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
+        let interp = src.interp;
+        let o = &interp.offsets;
+        let view = self.prefetch.view(src.mem);
+        let (code_view, code_fresh) = (view.code(false), view.code(true));
+        let code = Sources { held: &code_view, fresh: &code_fresh, gens_at: self.prefetch.tail_time() };
+        let mem: &dyn RemoteMemory = &view;
+        self.threads.read(mem, o, interp.runtime, &mut self.states, &mut self.ts_buf)?;
+        if let Some(chunk_off) = o.thread.datastack_chunk {
+            // 3.11+: a thread's frames sit in its current data-stack chunk;
+            // reading the chunk's first 16 KiB (CPython's smallest chunk size)
+            // serves a whole walk in one read.
+            for ts in &self.states {
+                if let Ok(chunk) = mem.read_u64(ts.addr + chunk_off) {
+                    if chunk != 0 && (chunk..chunk + MIN_STACK_CHUNK).contains(&ts.frame) {
+                        self.prefetch.load(src.mem, chunk, MIN_STACK_CHUNK as usize);
+                    }
+                }
+            }
+        }
+        if let Some(target) = src.target {
+            let search_due = self.pthread_tid_searched.is_none_or(|t| t.elapsed() >= PTHREAD_TID_RETRY);
+            if o.thread.native_thread_id.is_none() && self.pthread_tid_offset.is_none() && search_due {
+                let pthreads: Vec<u64> = self.states.iter().map(|t| t.thread_id).collect();
+                self.pthread_tid_offset = find_pthread_tid_offset(mem, target.pid, &target.threads(), &pthreads);
+                self.pthread_tid_searched = Some(std::time::Instant::now());
+            }
+        }
+        let mut out = std::mem::take(&mut self.spare_out);
+        out.clear();
+        let mut spare = std::mem::take(&mut self.spare);
+        self.holders.clear();
+        for (i, ts) in self.states.iter().enumerate() {
+            let holder = match self.holders.iter().find(|(interp, _)| *interp == ts.interp) {
+                Some(&(_, h)) => h,
+                None if !needs.gil => None,
+                None => {
+                    let h = gil_holder(mem, o, interp.runtime, ts.interp)?;
+                    self.holders.push((ts.interp, h));
+                    h
+                }
+            };
+            let native_id = ts.native_id.or_else(|| {
+                let off = self.pthread_tid_offset?;
+                mem.read_u32(ts.thread_id + off).ok().map(|t| t as u64)
+            });
+            // Not cleared: the walk overwrites the last sample's frames in place.
+            let mut slot = spare.get_mut(i).map(std::mem::take).unwrap_or_default();
+            if let Some(cframe) = ts.cframe {
+                self.walker.note(ts.addr + o.thread.current_frame, cframe);
+            }
+            self.walker.note(ts.frame_field, ts.frame);
+            let counter = interp.code_counter(ts.interp);
+            let gen_word = counter.map(CodeCounter::addr);
+            let gens = Generations {
+                interp: ts.interp,
+                created: matches!(counter, Some(CodeCounter::Created(_))),
+                before: gen_word.and_then(|w| self.prefetch.tail_word_before(w)),
+                after: gen_word.and_then(|w| self.prefetch.tail_word(w)),
+            };
+            let ctx = WalkContext { mem, code: &code, offsets: o, gens, hooked: ts.hooked };
+            self.walker.walk(&ctx, &mut self.codes, ts.frame, &mut slot.frames)?;
+            if self.keep_groups {
+                if self.groups.len() <= i {
+                    self.groups.resize_with(i + 1, Vec::new);
+                }
+                self.groups[i].clone_from(&self.walker.groups);
+            }
+            slot.native_id = native_id;
+            slot.python_id = ts.thread_id;
+            slot.holds_gil = holder == Some(ts.addr);
+            out.push(slot);
+        }
+        spare.clear();
+        self.spare_out = spare;
+        // Each interpreter's counter, read last in the next sample's call.
+        self.prefetch.set_tail(self.states.iter().filter_map(|t| interp.code_counter(t.interp)).map(CodeCounter::addr));
+        Ok(out)
+    }
+}
