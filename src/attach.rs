@@ -65,7 +65,32 @@ impl CodeCounter {
     }
 }
 
+/// The offsets of `version` whose `_PyRuntime` is at `runtime`: its file,
+/// and for 3.13+ the target's own `_Py_DebugOffsets` read from `mem`.
+fn offsets_for(mem: &dyn RemoteMemory, file: &table::VersionFile, version: &PythonVersion, runtime: u64) -> Result<Offsets> {
+    let fields = if file.debug_fields.is_some() { debug::load(mem, runtime, file, version)? } else { file.fields.clone() };
+    Offsets::build(version.clone(), file.layout, file.rules.clone(), &fields, file.constants.clone(), file.provenance.clone())
+}
+
 impl Interpreter {
+    /// The interpreter of a process that is no longer there, from memory
+    /// recorded while it ran (`process::replay`): the facts attach found,
+    /// and the offsets built again the way attach builds them.
+    pub fn from_memory(
+        mem: &dyn RemoteMemory,
+        version: &PythonVersion,
+        runtime: u64,
+        image: Vec<(u64, u64)>,
+        code_version_global: Option<u64>,
+    ) -> Result<Interpreter> {
+        let file = match table::for_minor(version.minor) {
+            Some(f) if version.major == 3 => f.map_err(|why| Error::BadOffsets { version: version.to_string(), why })?,
+            _ => return Err(Error::UnsupportedVersion { pid: 0, version: version.to_string() }),
+        };
+        let offsets = offsets_for(mem, &file, version, runtime)?;
+        Ok(Interpreter { offsets, runtime, image, code_version_global })
+    }
+
     /// The counter word for interpreter `interp`, if the version has one.
     pub fn code_counter(&self, interp: u64) -> Option<CodeCounter> {
         let i = &self.offsets.interp;
@@ -185,10 +210,7 @@ fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str
         _ => return Err(Error::UnsupportedVersion { pid, version: version.to_string() }),
     };
     let data_ptr = |addr: u64| plausible_data_ptr(maps, addr);
-    let build = |rt: u64| -> Result<Offsets> {
-        let fields = if file.debug_fields.is_some() { debug::load(mem, rt, &file, &version)? } else { file.fields.clone() };
-        Offsets::build(version.clone(), file.layout, file.rules.clone(), &fields, file.constants.clone(), file.provenance.clone())
-    };
+    let build = |rt: u64| offsets_for(mem, &file, &version, rt);
 
     if found.is_none() && allowed(Method::Scan) {
         let b = blocks.get_or_insert_with(&mut data);

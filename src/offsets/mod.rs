@@ -98,7 +98,7 @@ pub struct Rules {
     /// (3.14+: by the interpreter), a local variable of that call: not
     /// Python code, and the marker of the C frame running its group.
     pub entry_shim_frames: bool,
-    /// 3.12–3.13: the code those entry frames run. A frame reached with
+    /// 3.12: the code those entry frames run. A frame reached with
     /// this code but another owner is a stale slot, read torn.
     pub shim_code_name: Option<String>,
     /// 3.11–3.13: `stacktop` is -1 while a frame runs; the eval loop saves

@@ -184,7 +184,8 @@ impl Drop for TargetProcess {
 }
 
 pub fn pyprof_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_pyprof")
+    // Set for integration tests; an example sharing this harness has none.
+    option_env!("CARGO_BIN_EXE_pyprof").unwrap_or(concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/pyprof"))
 }
 
 pub fn pyprof(args: &[&str]) -> Output {

@@ -195,7 +195,7 @@ static void rules(void)
          "is_entry marks the first frame each eval-loop call pushed");
     rule("entry_shim_frames", v >= 0x030C,
          "each eval-loop call first pushes a frame owned by the C stack (3.14+: the interpreter), a local of that call");
-    printf("shim_code_name = \"%s\"  # %s\n", (v == 0x030C || v == 0x030D) ? "<interpreter trampoline>" : "",
+    printf("shim_code_name = \"%s\"  # %s\n", v == 0x030C ? "<interpreter trampoline>" : "",
            "the code of those entry frames (pystate.c): one found by this name, not by its owner, is a stale slot");
     rule("caller_stacktop", v >= 0x030B && v <= 0x030D,
          "stacktop is -1 while a frame runs; saved before an inlined call, on return, and while a trace hook runs");
