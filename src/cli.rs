@@ -93,11 +93,11 @@ pub struct RecordArgs {
 
     /// Output format (default: from the -o extension, else flamegraph).
     #[arg(short, long, value_enum)]
-    pub format: Option<Format>,
+    pub format: Option<FormatArg>,
 
     /// wall: every thread; cpu: threads on a CPU; gil: the GIL holder.
     #[arg(long, value_enum, default_value = "wall")]
-    pub mode: Mode,
+    pub mode: ModeArg,
 
     /// A root node per thread, named with its name and id.
     #[arg(long)]
@@ -136,14 +136,14 @@ impl RecordArgs {
             (Some(_), false) => anyhow::bail!("give either --pid or a command, not both"),
         };
         let format = match (self.format, &self.output) {
-            (Some(f), _) => f,
+            (Some(f), _) => f.into(),
             (None, Some(path)) => Format::from_path(path).unwrap_or(Format::Flamegraph),
             (None, None) => Format::Flamegraph,
         };
         let output = self.output.unwrap_or_else(|| default_output(&target, format));
         Ok(RecordConfig {
             target,
-            sampling: SamplingConfig { rate_hz: self.rate, duration: self.duration, mode: self.mode, include_empty: self.include_idle_threads },
+            sampling: SamplingConfig { rate_hz: self.rate, duration: self.duration, mode: self.mode.into(), include_empty: self.include_idle_threads },
             aggregate: AggregateOptions { by_function: self.function, thread_roots: self.threads, process_roots: self.subprocesses },
             output,
             format,
@@ -311,4 +311,53 @@ pub struct DumpArgs {
     /// Also print how pyprof attached (module, _PyRuntime method, offsets source).
     #[arg(short, long)]
     pub verbose: bool,
+}
+
+impl DumpArgs {
+    pub fn into_config(self) -> crate::dump::DumpConfig {
+        crate::dump::DumpConfig { pid: self.target.pid, attach: self.target.attach.options(), json: self.json, verbose: self.verbose }
+    }
+}
+
+/// `--mode`, as clap sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    /// Every thread at every tick.
+    Wall,
+    /// Only threads running on a CPU.
+    Cpu,
+    /// Only the thread holding the GIL.
+    Gil,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Mode {
+        match m {
+            ModeArg::Wall => Mode::Wall,
+            ModeArg::Cpu => Mode::Cpu,
+            ModeArg::Gil => Mode::Gil,
+        }
+    }
+}
+
+/// `--format`, as clap sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FormatArg {
+    Flamegraph,
+    Collapsed,
+    Speedscope,
+    Pprof,
+    Json,
+}
+
+impl From<FormatArg> for Format {
+    fn from(f: FormatArg) -> Format {
+        match f {
+            FormatArg::Flamegraph => Format::Flamegraph,
+            FormatArg::Collapsed => Format::Collapsed,
+            FormatArg::Speedscope => Format::Speedscope,
+            FormatArg::Pprof => Format::Pprof,
+            FormatArg::Json => Format::Json,
+        }
+    }
 }

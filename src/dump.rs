@@ -5,13 +5,28 @@ use std::io::Write;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use anyhow::Context;
+
+use crate::attach::AttachOptions;
 use crate::session::{Session, SnapshotNeeds};
 use crate::stack::{Frame, FrameKind, ThreadStack};
 
-#[derive(Debug, Clone, Default)]
-pub struct DumpOptions {
+#[derive(Debug, Clone)]
+pub struct DumpConfig {
+    pub pid: i32,
+    pub attach: AttachOptions,
     pub json: bool,
     pub verbose: bool,
+}
+
+/// `pyprof dump`: attach, take one snapshot, print it on stdout.
+pub fn run(cfg: &DumpConfig) -> anyhow::Result<i32> {
+    let mut session = Session::attach(cfg.pid, &cfg.attach)?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    write(&mut session, cfg, &mut out).with_context(|| format!("dumping pid {}", cfg.pid))?;
+    out.flush()?;
+    Ok(0)
 }
 
 /// The `dump --json` document (docs/formats.md).
@@ -102,7 +117,8 @@ pub fn snapshot_with_retry(session: &mut Session) -> Result<Vec<ThreadStack>> {
     }
 }
 
-pub fn run(session: &mut Session, opts: &DumpOptions, out: &mut dyn Write) -> Result<()> {
+/// One snapshot of `session`'s target, as text or JSON.
+pub fn write(session: &mut Session, opts: &DumpConfig, out: &mut dyn Write) -> Result<()> {
     let threads = snapshot_with_retry(session)?;
     for w in session.native_warnings() {
         eprintln!("pyprof: warning: {w}");

@@ -28,25 +28,12 @@ pub mod sampler;
 pub mod session;
 pub mod stack;
 
-use std::io::Write;
-
-use anyhow::Context;
-
 use cli::{Cli, Command};
 
 /// Runs one command; returns the process exit code.
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::Dump(args) => {
-            let pid = args.target.pid;
-            let mut session = session::Session::attach(pid, &args.target.attach.options())?;
-            let opts = dump::DumpOptions { json: args.json, verbose: args.verbose };
-            let stdout = std::io::stdout();
-            let mut out = stdout.lock();
-            dump::run(&mut session, &opts, &mut out).with_context(|| format!("dumping pid {pid}"))?;
-            out.flush()?;
-            Ok(0)
-        }
+        Command::Dump(args) => dump::run(&args.into_config()),
         Command::Record(args) => record::run(&args.into_config()?),
         Command::Diff(args) => diff::run(&args.into_config()?),
     }

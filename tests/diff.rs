@@ -48,7 +48,7 @@ fn interpreter() -> Option<common::Interpreter> {
     let pick = all.iter().find(|i| i.label == "pyenv-3.12").or(all.first()).cloned();
     if pick.is_none() {
         assert!(!in_ci(), "no interpreter available (CI=true)");
-        println!("SKIPPED: no interpreter");
+        common::skipped("no interpreter");
     }
     pick
 }
@@ -380,7 +380,7 @@ fn differential_flamegraph_renders_in_headless_chromium() {
         if in_ci() {
             panic!("chromium is not installed (CI=true); run scripts/setup-fixtures.sh");
         }
-        println!("SKIPPED: chromium not installed");
+        common::skipped("chromium not installed");
         return;
     };
     let dir = temp_dir("diff-flamegraph");

@@ -41,7 +41,7 @@ fn unsupported_versions_are_named() {
         let path = format!("{pyenv}/versions/{exe}");
         if !std::path::Path::new(&path).exists() {
             assert!(!in_ci(), "{path} is missing");
-            eprintln!("SKIPPED on this developer machine: {path} missing");
+            skipped(&format!("on this developer machine: {path} missing"));
             continue;
         }
         let py = Interpreter { label: version.into(), minor: 0, exe: path.into(), chroot: None };
@@ -54,7 +54,7 @@ fn unsupported_versions_are_named() {
 #[test]
 fn permission_denied_says_how_to_fix_it() {
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: needs root to run pyprof as another user");
+        skipped("needs root to run pyprof as another user");
         assert!(!in_ci(), "CI runs as root");
         return;
     }

@@ -124,7 +124,7 @@ fn libc_internals_are_named_from_debug_files_and_are_offsets_without() {
         && std::process::Command::new("dpkg").args(["-s", "libc6-dbg"]).output().is_ok_and(|o| o.status.success());
     if !have_dbg {
         assert!(!in_ci(), "libc6-dbg must be installed in CI (scripts/setup-fixtures.sh)");
-        eprintln!("SKIPPED on this developer machine: libc6-dbg is not installed");
+        skipped("on this developer machine: libc6-dbg is not installed");
         return;
     }
     let target = interp.spawn("native_qsort.py", &[]);
@@ -157,7 +157,7 @@ fn numpy_frames_sit_between_the_right_python_frames() {
     let python = cache_dir().join("numpy-venv/bin/python");
     if !python.exists() {
         assert!(!in_ci(), "numpy venv missing: {} (scripts/setup-fixtures.sh)", python.display());
-        eprintln!("SKIPPED on this developer machine: no numpy venv at {}", python.display());
+        skipped(&format!("on this developer machine: no numpy venv at {}", python.display()));
         return;
     }
     let interp = Interpreter { label: "numpy-venv-3.12".into(), minor: 12, exe: python, chroot: None };

@@ -59,7 +59,7 @@ fn pyspy_bin() -> Option<PathBuf> {
         if in_ci() {
             panic!("{msg}");
         }
-        eprintln!("SKIPPED on this developer machine: {msg}");
+        skipped(&format!("on this developer machine: {msg}"));
         return None;
     }
     let out = Command::new(&bin).arg("--version").output().expect("run py-spy --version");
@@ -178,7 +178,7 @@ fn pyspy_and_pyprof_agree_on_a_frozen_target() {
     let Some(pyspy) = pyspy_bin() else { return };
     for_each_interpreter(|py| {
         if !pyspy_supports(py) {
-            eprintln!("SKIPPED [{}]: py-spy {PYSPY_VERSION} does not support 3.{}", py.label, py.minor);
+            skipped(&format!("[{}] py-spy {PYSPY_VERSION} does not support 3.{}", py.label, py.minor));
             return;
         }
         let target = py.spawn("stacks.py", &[]);

@@ -20,7 +20,7 @@ fn require(tool: &str, present: bool, hint: &str) -> bool {
         return true;
     }
     assert!(!in_ci(), "{tool} not installed ({hint}); run scripts/setup-fixtures.sh");
-    eprintln!("SKIPPED: {tool} not installed ({hint})");
+    common::skipped(&format!("{tool} not installed ({hint})"));
     false
 }
 

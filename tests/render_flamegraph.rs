@@ -23,7 +23,7 @@ fn flamegraph_renders_in_headless_chromium() {
         if in_ci() {
             panic!("chromium is not installed (CI=true); run scripts/setup-fixtures.sh");
         }
-        println!("SKIPPED: chromium not installed");
+        common::skipped("chromium not installed");
         return;
     };
 

@@ -16,7 +16,7 @@ pub trait Writer {
     fn write(&self, profile: &Profile, out: &mut dyn Write) -> anyhow::Result<()>;
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     Flamegraph,
     Collapsed,

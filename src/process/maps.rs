@@ -58,6 +58,11 @@ fn parse_line(line: &str) -> Option<Mapping> {
     })
 }
 
+/// Is `addr` a plausible pointer to data: aligned and inside a writable mapping?
+pub fn plausible_data_ptr(maps: &[Mapping], addr: u64) -> bool {
+    addr != 0 && addr % 8 == 0 && maps.iter().any(|m| m.writable && m.contains(addr))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,9 +84,4 @@ mod tests {
         assert_eq!(m[3].path.as_deref(), Some("/tmp/a b.so"));
         assert!(m[3].executable);
     }
-}
-
-/// Is `addr` a plausible pointer to data: aligned and inside a writable mapping?
-pub fn plausible_data_ptr(maps: &[Mapping], addr: u64) -> bool {
-    addr != 0 && addr % 8 == 0 && maps.iter().any(|m| m.writable && m.contains(addr))
 }

@@ -90,3 +90,35 @@ pub fn task_comm(pid: i32, tid: i32) -> Option<String> {
 pub fn file_name(path: &str) -> &str {
     Path::new(path).file_name().and_then(|s| s.to_str()).unwrap_or(path)
 }
+
+/// Every process below `roots` in the process tree, from /proc (a few
+/// parents deep at most: the chain is followed 64 levels).
+pub fn descendants(roots: &[i32]) -> Vec<i32> {
+    let mut parent_of = std::collections::HashMap::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+            if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                // comm may hold spaces and parentheses: fields follow the last ')'.
+                if let Some(ppid) = stat.rfind(')').and_then(|i| stat[i + 2..].split(' ').nth(1)).and_then(|s| s.parse::<i32>().ok()) {
+                    parent_of.insert(pid, ppid);
+                }
+            }
+        }
+    }
+    parent_of
+        .keys()
+        .copied()
+        .filter(|&pid| {
+            let mut p = pid;
+            for _ in 0..64 {
+                match parent_of.get(&p) {
+                    Some(&pp) if roots.contains(&pp) => return true,
+                    Some(&pp) if pp > 1 => p = pp,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .collect()
+}

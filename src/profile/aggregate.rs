@@ -21,6 +21,13 @@ pub struct AggregateOptions {
 /// "[other stacks]" node: memory stays bounded whatever the program does.
 pub const MAX_STACKS: usize = 1 << 20;
 
+/// Entries of the shortcut from a sampled frame's shared strings to its
+/// frame id. Its keys are string addresses, and a program that keeps
+/// compiling code makes new strings for the same frames (every new code
+/// object gets its own): past this, the shortcut starts over, so memory is
+/// bounded by the distinct frames, not by how often code was compiled.
+pub const MAX_FRAME_SHORTCUTS: usize = 1 << 14;
+
 #[derive(Default)]
 pub struct Aggregator {
     opts: AggregateOptions,
@@ -30,6 +37,9 @@ pub struct Aggregator {
     py_ids: HashMap<(usize, usize, i32), u32>,
     threads: Vec<ThreadInfo>,
     thread_ids: HashMap<(i32, u64), u32>,
+    /// Per thread: its `--subprocesses` and `--threads` root frame ids,
+    /// made once (the thread root again when the thread is renamed).
+    roots: Vec<Roots>,
     /// Key: [thread id, frame ids root first...].
     stacks: HashMap<Box<[u32]>, u64>,
     key: Vec<u32>,
@@ -37,6 +47,13 @@ pub struct Aggregator {
     keep: Vec<std::sync::Arc<str>>,
     pub samples: u64,
     pub overflowed: u64,
+}
+
+#[derive(Default)]
+struct Roots {
+    process: Option<u32>,
+    /// The thread root and the name it was made with.
+    thread: Option<(u32, Option<String>)>,
 }
 
 impl Aggregator {
@@ -54,7 +71,9 @@ impl Aggregator {
         id
     }
 
-    fn intern_py(&mut self, f: &PyFrame) -> u32 {
+    /// The frame id of a sampled frame; None if it has none yet and `new`
+    /// is false (the stack table is full: no new frames either).
+    fn intern_py(&mut self, f: &PyFrame, new: bool) -> Option<u32> {
         // Native frames have no line; -2 also keeps their keys apart from Python's.
         let line = if f.is_native() {
             -2
@@ -65,18 +84,69 @@ impl Aggregator {
         };
         let key = (f.function.as_ptr() as usize, f.file.as_ptr() as usize, line);
         if let Some(&id) = self.py_ids.get(&key) {
-            return id;
+            return Some(id);
+        }
+        let frame = Frame { function: f.function.to_string(), file: f.file.to_string(), line: if line > 0 { Some(line as u32) } else { None }, kind: f.kind };
+        let id = match self.frame_ids.get(&frame) {
+            Some(&id) => id,
+            None if new => self.intern(frame),
+            None => return None,
+        };
+        if self.py_ids.len() >= MAX_FRAME_SHORTCUTS {
+            self.py_ids.clear();
+            self.keep.clear();
         }
         self.keep.push(f.function.clone());
         self.keep.push(f.file.clone());
-        let id = self.intern(Frame {
-            function: f.function.to_string(),
-            file: f.file.to_string(),
-            line: if line > 0 { Some(line as u32) } else { None },
-            kind: f.kind,
-        });
         self.py_ids.insert(key, id);
-        id
+        Some(id)
+    }
+
+    /// Frame shortcuts held now (bounded by [`MAX_FRAME_SHORTCUTS`]).
+    pub fn frame_shortcuts(&self) -> usize {
+        self.py_ids.len()
+    }
+
+    /// Distinct frames interned.
+    pub fn distinct_frames(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// The root frames of thread `thread`, made on first use (and the
+    /// thread's again when its name changed): no string is built per sample.
+    fn push_roots(&mut self, key: &mut Vec<u32>, thread: u32, pid: i32, command: &str, native_id: Option<u64>, name: Option<&str>) {
+        let i = thread as usize;
+        if self.roots.len() <= i {
+            self.roots.resize_with(i + 1, Roots::default);
+        }
+        if self.opts.process_roots {
+            let id = match self.roots[i].process {
+                Some(id) => id,
+                None => {
+                    let id = self.intern(Frame { function: format!("process {pid} ({command})"), file: String::new(), line: None, kind: FrameKind::Process });
+                    self.roots[i].process = Some(id);
+                    id
+                }
+            };
+            key.push(id);
+        }
+        if self.opts.thread_roots {
+            let id = match &self.roots[i].thread {
+                Some((id, named)) if named.as_deref() == name => *id,
+                _ => {
+                    let label = match (name, native_id) {
+                        (Some(n), Some(id)) => format!("thread {n} ({id})"),
+                        (None, Some(id)) => format!("thread {id}"),
+                        (Some(n), None) => format!("thread {n}"),
+                        (None, None) => "thread ?".to_string(),
+                    };
+                    let id = self.intern(Frame { function: label, file: String::new(), line: None, kind: FrameKind::Thread });
+                    self.roots[i].thread = Some((id, name.map(str::to_string)));
+                    id
+                }
+            };
+            key.push(id);
+        }
     }
 
     /// Count one sample of one thread. `frames` is innermost first, as walked.
@@ -86,27 +156,21 @@ impl Aggregator {
         let mut key = std::mem::take(&mut self.key);
         key.clear();
         key.push(thread);
-        if self.opts.process_roots {
-            let f = Frame { function: format!("process {pid} ({command})"), file: String::new(), line: None, kind: FrameKind::Process };
-            key.push(self.intern(f));
-        }
-        if self.opts.thread_roots {
-            let label = match (name, native_id) {
-                (Some(n), Some(id)) => format!("thread {n} ({id})"),
-                (None, Some(id)) => format!("thread {id}"),
-                (Some(n), None) => format!("thread {n}"),
-                (None, None) => "thread ?".to_string(),
-            };
-            let f = Frame { function: label, file: String::new(), line: None, kind: FrameKind::Thread };
-            key.push(self.intern(f));
-        }
+        self.push_roots(&mut key, thread, pid, command, native_id, name);
+        let room = self.stacks.len() < MAX_STACKS;
+        let mut known = true;
         for f in frames.iter().rev() {
-            let id = self.intern_py(f);
-            key.push(id);
+            match self.intern_py(f, room) {
+                Some(id) => key.push(id),
+                None => {
+                    known = false;
+                    break;
+                }
+            }
         }
-        if let Some(c) = self.stacks.get_mut(key.as_slice()) {
+        if let Some(c) = self.stacks.get_mut(key.as_slice()).filter(|_| known) {
             *c += 1;
-        } else if self.stacks.len() < MAX_STACKS {
+        } else if room {
             self.stacks.insert(key.clone().into_boxed_slice(), 1);
         } else {
             self.overflowed += 1;

@@ -406,18 +406,15 @@ impl FrameWalker {
                         self.idents.extend_from_slice(ident.words());
                         last_code = f.code;
                     }
-                    match instruction(o, &f, code) {
-                        Some(instr) => {
-                            let line = self.lines.line(o, code, instr);
-                            put_frame(out, n, code, line);
-                            n += 1;
-                            if o.rules.eval_call_per_frame {
-                                self.close_group(n, 0);
-                            }
+                    // None: pushed but not started, or still in its prologue:
+                    // CPython calls it incomplete and hides it too.
+                    if let Some(instr) = instruction(o, &f, code) {
+                        let line = self.lines.line(o, code, instr);
+                        put_frame(out, n, code, line);
+                        n += 1;
+                        if o.rules.eval_call_per_frame {
+                            self.close_group(n, 0);
                         }
-                        // Pushed but not started, or still in its prologue:
-                        // CPython calls it incomplete and hides it too.
-                        None => {}
                     }
                 }
             }

@@ -1,7 +1,7 @@
 //! The sampling loop: tick, snapshot every attached process, count the
 //! stacks the mode asks for. Stops on duration, on a signal, or when every
-//! target is gone; a torn read is retried once and otherwise counted, never
-//! recorded as a stack.
+//! target is gone; a torn read is retried up to [`MAX_RETRIES`] times and
+//! otherwise counted, never recorded as a stack.
 
 pub mod timer;
 
@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::profile::aggregate::Aggregator;
 use crate::session::{Session, SnapshotNeeds};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// Every thread at every tick.
     Wall,
@@ -38,7 +38,8 @@ pub struct SamplingConfig {
     pub rate_hz: f64,
     pub duration: Option<Duration>,
     pub mode: Mode,
-    /// Skip threads with no Python frames (a thread blocked in C before its first frame).
+    /// Also count threads with no Python frame at that moment (a thread
+    /// blocked in C before its first frame); off, they are left out.
     pub include_empty: bool,
 }
 
@@ -160,7 +161,6 @@ pub fn run(
     let mut commands: std::collections::HashMap<i32, String> = sessions.iter().map(|s| s.pid()).zip(commands).collect();
     let mut last_progress = Duration::ZERO;
     let mut last_discover = Duration::ZERO;
-    let mut threads_seen = 0;
     let reason = loop {
         timer.wait();
         if STOP.load(Ordering::SeqCst) {
@@ -172,7 +172,7 @@ pub fn run(
         }
         stats.ticks += 1;
         let mut i = 0;
-        threads_seen = 0;
+        let mut threads_seen = 0;
         while i < sessions.len() {
             let s = &mut sessions[i];
             let mut result = s.snapshot(needs);
@@ -251,6 +251,5 @@ pub fn run(
         }
         stats.add_warnings(s.native_warnings());
     }
-    let _ = threads_seen;
     (stats, reason)
 }

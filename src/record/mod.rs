@@ -1,0 +1,92 @@
+//! `pyprof record`: attach to a pid or launch a command ([`launch`]), sample
+//! until the duration, Ctrl-C or the target's exit (`sampler`), and write the
+//! profile ([`output`]) with what the recording was like ([`summary`]).
+
+mod children;
+mod launch;
+mod output;
+mod summary;
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::attach::AttachOptions;
+use crate::output::Format;
+use crate::profile::aggregate::{AggregateOptions, Aggregator};
+use crate::sampler::{self, Discover, SamplingConfig};
+use crate::session::Session;
+use children::ChildFinder;
+use output::PendingOutput;
+
+#[derive(Debug, Clone)]
+pub enum RecordTarget {
+    Pid(i32),
+    Launch(Vec<String>),
+}
+
+#[derive(Debug, Clone)]
+pub struct RecordConfig {
+    pub target: RecordTarget,
+    pub sampling: SamplingConfig,
+    pub aggregate: AggregateOptions,
+    pub output: PathBuf,
+    pub format: Format,
+    pub subprocesses: bool,
+    pub quiet: bool,
+    pub attach: AttachOptions,
+}
+
+/// Returns the process exit code: the launched child's, else 0.
+pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
+    let pending = PendingOutput::create(&cfg.output)?;
+    sampler::install_signal_handlers();
+    let (mut child, first) = match &cfg.target {
+        RecordTarget::Pid(pid) => (None, Session::attach(*pid, &cfg.attach)?),
+        RecordTarget::Launch(argv) => {
+            let (c, s) = launch::launch(argv, &cfg.attach)?;
+            (Some(c), s)
+        }
+    };
+    let about = summary::Target::of(&first);
+    let mut finder = ChildFinder::new(first.pid(), cfg.attach.clone());
+    let discover: Option<&mut dyn Discover> = if cfg.subprocesses { Some(&mut finder) } else { None };
+    let mut sessions = vec![first];
+
+    let start_time = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+    let mut agg = Aggregator::new(cfg.aggregate);
+    let show_progress = !cfg.quiet && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let (stats, reason) = if show_progress {
+        let mut bar = summary::Bar::new();
+        let r = sampler::run(&mut sessions, &cfg.sampling, &mut agg, &mut bar, discover);
+        bar.clear();
+        r
+    } else {
+        sampler::run(&mut sessions, &cfg.sampling, &mut agg, &mut sampler::NoProgress, discover)
+    };
+
+    let native = cfg.attach.native.is_some();
+    let meta = summary::meta(cfg, &about, &stats, reason, start_time, agg.overflowed, native);
+    let profile = agg.into_profile(meta);
+    let writer = cfg.format.writer();
+    pending.commit(|w| writer.write(&profile, w))?;
+    if !cfg.quiet {
+        summary::print(cfg, &stats, reason, native);
+    }
+    match child.as_mut() {
+        None => Ok(0),
+        Some(c) => launch::finish(c, reason),
+    }
+}
+
+/// Default output name when `-o` is not given.
+pub fn default_output(target: &RecordTarget, format: Format) -> PathBuf {
+    let stem = match target {
+        RecordTarget::Pid(pid) => format!("pyprof-{pid}"),
+        RecordTarget::Launch(argv) => {
+            let script = argv.iter().skip(1).find(|a| a.ends_with(".py")).or(argv.first()).cloned().unwrap_or_default();
+            let base = Path::new(&script).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "profile".into());
+            format!("pyprof-{base}")
+        }
+    };
+    PathBuf::from(format!("{stem}.{}", format.extension()))
+}

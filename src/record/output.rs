@@ -1,0 +1,45 @@
+//! The output file: created before sampling starts, next to its final path,
+//! so a bad path fails at once; written whole and renamed into place, so a
+//! reader never sees half a profile and an interrupted write leaves nothing.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+
+/// The output file, created up front next to its final path.
+pub struct PendingOutput {
+    tmp: PathBuf,
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl PendingOutput {
+    pub fn create(path: &Path) -> anyhow::Result<PendingOutput> {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        if path.is_dir() {
+            bail!("cannot write {}: it is a directory", path.display());
+        }
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let tmp = dir.join(format!(".{name}.pyprof-{}.tmp", std::process::id()));
+        let file = std::fs::File::create(&tmp).with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(PendingOutput { tmp, file, path: path.to_path_buf() })
+    }
+
+    pub fn commit(self, write: impl FnOnce(&mut dyn std::io::Write) -> anyhow::Result<()>) -> anyhow::Result<()> {
+        let mut w = std::io::BufWriter::new(&self.file);
+        write(&mut w)?;
+        std::io::Write::flush(&mut w)?;
+        drop(w);
+        std::fs::rename(&self.tmp, &self.path).with_context(|| format!("cannot write {}", self.path.display()))?;
+        Ok(())
+    }
+}
+
+impl Drop for PendingOutput {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
