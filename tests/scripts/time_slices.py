@@ -1,0 +1,81 @@
+"""Wall-clock time split exactly in half between two kinds of work.
+
+Time is cut into fixed 20 ms slices (slice k ends at start + (k+1)*0.02 by
+time.perf_counter, so slices never drift). Even slices run `long_loop`, one
+function doing plain arithmetic with no Python calls; odd slices run
+`short_calls`, which makes many short Python calls, some of them entered
+from C (map, sorted(key=...), a class's __init__ and __add__ called by the
+interpreter's C code). The ground truth is therefore that `long_loop` is on
+the stack (inclusive share) for 50 % of the wall-clock time.
+
+Prints "ready" (flushed) at the start, then runs until killed, or for
+argv[1] seconds if given. Syntax and library of CPython 3.8 only.
+"""
+import sys
+import time
+
+SLICE = 0.02
+clock = time.perf_counter
+
+
+def long_loop(deadline):
+    # One frame for the whole slice: a counter loop without range() or any
+    # Python call; the clock (a C function) is read every 256 iterations.
+    x = 1
+    while True:
+        i = 0
+        while i < 256:
+            x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+            i += 1
+        if clock() >= deadline:
+            return x
+
+
+def square(x):
+    return x * x
+
+
+def neg(x):
+    return -x
+
+
+def add3(a, b, c):
+    return a + b + c
+
+
+class Vec(object):
+    __slots__ = ("v",)
+
+    def __init__(self, v):
+        self.v = v
+
+    def __add__(self, other):
+        return Vec(self.v + other.v)
+
+
+def short_calls(deadline):
+    data = list(range(16))
+    total = 0
+    while clock() < deadline:
+        total += sum(map(square, data))            # Python calls from C (map)
+        total += sorted(data, key=neg)[0]          # key function called from C
+        total += (Vec(1) + Vec(2)).v               # __init__, __add__ from C
+        total += add3(1, 2, 3) + add3(4, 5, 6)     # plain Python-to-Python calls
+    return total
+
+
+def main(secs):
+    start = clock()
+    print("ready", flush=True)
+    k = 0
+    while secs is None or clock() - start < secs:
+        deadline = start + (k + 1) * SLICE
+        if k % 2 == 0:
+            long_loop(deadline)
+        else:
+            short_calls(deadline)
+        k += 1
+
+
+if __name__ == "__main__":
+    main(float(sys.argv[1]) if len(sys.argv) > 1 else None)
