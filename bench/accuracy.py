@@ -12,14 +12,16 @@ short_calls   tests/scripts/short_calls.py runs `t += f(g(p))` in `loop`. One
               target process is recorded by py-spy in its default mode (it
               stops the target with ptrace for every sample, so its stacks
               are exact: the reference), then by pyprof at each --rates
-              rate. Compared: the leaf-function shares loop/g/f in %, and the
-              largest absolute difference from py-spy's, in percentage points.
+              rate, then by py-spy again (the noise floor). Compared: the
+              leaf-function shares loop/g/f in %, and the largest absolute
+              difference from py-spy run 1's, in percentage points.
               py-spy records at --pyspy-rate (1 kHz): at 10 kHz it falls
               behind (it sustains about 5 kHz here) and only spreads the
               same samples over a longer time.
 time_slices   tests/scripts/time_slices.py alternates 20 ms of `long_loop`
               (no calls) and 20 ms of many short calls, so `long_loop` is on
-              the stack for exactly 50 % of the wall-clock time. Compared:
+              the stack for exactly 50 % of the wall-clock time. Same order
+              of recordings as short_calls. Compared:
               its inclusive share, the error vs 50 % in pp, and for pyprof
               the fraction of ticks that became samples ("N samples over M
               ticks" on its stderr).
@@ -431,59 +433,85 @@ def _workdir(workdir):
 # --------------------------------------------------------------------------- scenarios
 
 
-def measure_short_calls(pyprof, py, secs=3, rate=1000, more_rates=(), pyspy=PYSPY, pyspy_rate=1000, workdir=None):
+def measure_short_calls(pyprof, py, secs=3, rate=1000, more_rates=(), pyspy=PYSPY, pyspy_rate=1000, workdir=None,
+                        pyspy_runs=2):
     """Leaf shares loop/g/f of tests/scripts/short_calls.py.
 
     One target process: py-spy (default mode, `pyspy_rate`) for `secs`, then
-    pyprof at `rate` and at each of `more_rates`. Returns
-    {"python", "scenario", "reference": {...} or None, "runs": [{...}]}; a
-    run has "shares" {loop, g, f: %}, "max_err_pp" (vs py-spy), "samples",
-    "ticks", "ticks_kept_pct"."""
+    pyprof at `rate` and at each of `more_rates`, then py-spy again
+    (`pyspy_runs` in all), so two exact runs bracket pyprof's. Returns
+    {"python", "scenario", "reference": py-spy run 1 or None, "pyspy_runs":
+    [py-spy runs 2..], "runs": [pyprof runs]}; each has "shares" {loop, g, f:
+    %}, "samples", and all but the reference "max_err_pp" (vs py-spy run 1;
+    for py-spy run 2 that is the noise floor); pyprof runs also "ticks" and
+    "ticks_kept_pct"."""
     py = _as_python(py)
     wd = _workdir(workdir)
-    result = {"python": py.label, "scenario": "short_calls", "secs": secs, "reference": None, "runs": []}
+    result = {"python": py.label, "scenario": "short_calls", "secs": secs, "reference": None, "pyspy_runs": [],
+              "runs": []}
     tag = "%s-short" % py.label
+
+    def shares_of(res):
+        shares = leaf_function_shares(res["stacks"])
+        return _pick(shares, SHORT_CALL_FUNCS), _other(shares, SHORT_CALL_FUNCS)
+
+    def with_error(run):
+        if result["reference"]:
+            run["max_err_pp"] = max_abs_diff(run["shares"], result["reference"]["shares"], SHORT_CALL_FUNCS)
+        return run
+
+    def spy(i):
+        res = pyspy_attach(pyspy, target.pid, secs, pyspy_rate, os.path.join(wd, "%s-pyspy%d.txt" % (tag, i)))
+        shares, other = shares_of(res)
+        return _public(res, rate=pyspy_rate, run=i, shares=shares, other_pct=other)
+
     with Target(py, "short_calls.py") as target:
-        if _have_pyspy(pyspy):
-            res = pyspy_attach(pyspy, target.pid, secs, pyspy_rate, os.path.join(wd, tag + "-pyspy.txt"))
-            shares = leaf_function_shares(res["stacks"])
-            result["reference"] = _public(res, rate=pyspy_rate, shares=_pick(shares, SHORT_CALL_FUNCS),
-                                          other_pct=_other(shares, SHORT_CALL_FUNCS))
+        if _have_pyspy(pyspy) and pyspy_runs > 0:
+            result["reference"] = spy(1)
         for r in [rate] + [x for x in more_rates if x != rate]:
             if not target.alive():
                 raise RuntimeError("%s: short_calls.py exited" % py.label)
             res = pyprof_attach(pyprof, target.pid, secs, r, os.path.join(wd, "%s-pyprof-%d.json" % (tag, r)))
-            shares = leaf_function_shares(res["stacks"])
-            run = _public(res, rate=r, shares=_pick(shares, SHORT_CALL_FUNCS), other_pct=_other(shares, SHORT_CALL_FUNCS))
-            if result["reference"]:
-                run["max_err_pp"] = max_abs_diff(run["shares"], result["reference"]["shares"], SHORT_CALL_FUNCS)
-            result["runs"].append(run)
+            shares, other = shares_of(res)
+            result["runs"].append(with_error(_public(res, rate=r, shares=shares, other_pct=other)))
+        if _have_pyspy(pyspy):
+            for i in range(2, pyspy_runs + 1):
+                result["pyspy_runs"].append(with_error(spy(i)))
     return result
 
 
-def measure_time_slices(pyprof, py, secs=3, rate=1000, more_rates=(), pyspy=PYSPY, pyspy_rate=1000, workdir=None):
+def measure_time_slices(pyprof, py, secs=3, rate=1000, more_rates=(), pyspy=PYSPY, pyspy_rate=1000, workdir=None,
+                        pyspy_runs=2):
     """Inclusive share of `long_loop` in tests/scripts/time_slices.py (truth:
-    50 %). Same order as measure_short_calls, on one target process. Each run
-    (and the reference) has "long_loop_pct", "err_pp" (vs 50), "samples";
-    pyprof's runs also "ticks" and "ticks_kept_pct"."""
+    50 %). Same order as measure_short_calls (py-spy, pyprof at each rate,
+    py-spy again), on one target process. Each run has "long_loop_pct",
+    "err_pp" (vs 50) and "samples"; pyprof's runs also "ticks" and
+    "ticks_kept_pct"."""
     py = _as_python(py)
     wd = _workdir(workdir)
     result = {"python": py.label, "scenario": "time_slices", "secs": secs, "truth_pct": 50.0,
-              "reference": None, "runs": []}
+              "reference": None, "pyspy_runs": [], "runs": []}
     tag = "%s-slices" % py.label
+
+    def measured(res, **extra):
+        share = inclusive_share(res["stacks"], "long_loop")
+        return _public(res, long_loop_pct=share, err_pp=None if share is None else share - 50.0, **extra)
+
+    def spy(i):
+        res = pyspy_attach(pyspy, target.pid, secs, pyspy_rate, os.path.join(wd, "%s-pyspy%d.txt" % (tag, i)))
+        return measured(res, rate=pyspy_rate, run=i)
+
     with Target(py, "time_slices.py") as target:
-        if _have_pyspy(pyspy):
-            res = pyspy_attach(pyspy, target.pid, secs, pyspy_rate, os.path.join(wd, tag + "-pyspy.txt"))
-            share = inclusive_share(res["stacks"], "long_loop")
-            result["reference"] = _public(res, rate=pyspy_rate, long_loop_pct=share,
-                                          err_pp=None if share is None else share - 50.0)
+        if _have_pyspy(pyspy) and pyspy_runs > 0:
+            result["reference"] = spy(1)
         for r in [rate] + [x for x in more_rates if x != rate]:
             if not target.alive():
                 raise RuntimeError("%s: time_slices.py exited" % py.label)
             res = pyprof_attach(pyprof, target.pid, secs, r, os.path.join(wd, "%s-pyprof-%d.json" % (tag, r)))
-            share = inclusive_share(res["stacks"], "long_loop")
-            result["runs"].append(_public(res, rate=r, long_loop_pct=share,
-                                          err_pp=None if share is None else share - 50.0))
+            result["runs"].append(measured(res, rate=r))
+        if _have_pyspy(pyspy):
+            for i in range(2, pyspy_runs + 1):
+                result["pyspy_runs"].append(spy(i))
     return result
 
 
