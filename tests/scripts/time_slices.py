@@ -5,8 +5,12 @@ time.perf_counter, so slices never drift). Even slices run `long_loop`, one
 function doing plain arithmetic with no Python calls; odd slices run
 `short_calls`, which makes many short Python calls, some of them entered
 from C (map, sorted(key=...), a class's __init__ and __add__ called by the
-interpreter's C code). The ground truth is therefore that `long_loop` is on
-the stack (inclusive share) for 50 % of the wall-clock time.
+interpreter's C code), and a stack 6 frames deeper that grows and shrinks.
+Both run DEPTH (40) frames down, as code under a test runner does. The
+ground truth is that `long_loop` is on the stack (inclusive share) for 50 %
+of the wall-clock time. A sampler that drops the reads the short-call
+slices' changing stack tears reports more than 50 %. (Misattributing short
+callees to their callers does not move this share: see short_calls.py.)
 
 Prints "ready" (flushed) at the start, then runs until killed, or for
 argv[1] seconds if given. Syntax and library of CPython 3.8 only.
@@ -15,6 +19,7 @@ import sys
 import time
 
 SLICE = 0.02
+DEPTH = 40
 clock = time.perf_counter
 
 
@@ -53,6 +58,16 @@ class Vec(object):
         return Vec(self.v + other.v)
 
 
+def down(n):
+    # A stack that grows and shrinks 6 frames deep, every other level
+    # entered from C (map): the kind of churn that tears a sampler's reads.
+    if n >= 6:
+        return 0
+    if n % 2:
+        return down(n + 1) + 1
+    return sum(map(down, (n + 1,))) + 1
+
+
 def short_calls(deadline):
     data = list(range(16))
     total = 0
@@ -61,10 +76,20 @@ def short_calls(deadline):
         total += sorted(data, key=neg)[0]          # key function called from C
         total += (Vec(1) + Vec(2)).v               # __init__, __add__ from C
         total += add3(1, 2, 3) + add3(4, 5, 6)     # plain Python-to-Python calls
+        total += down(0)                           # a deeper stack that churns
     return total
 
 
-def main(secs):
+def below(n, secs):
+    # Run the slices under DEPTH frames, as code under a test runner or a
+    # framework runs: a deeper stack takes longer to read, so a stack that
+    # changes on top tears more reads.
+    if n:
+        return below(n - 1, secs)
+    return slices(secs)
+
+
+def slices(secs):
     start = clock()
     print("ready", flush=True)
     k = 0
@@ -78,4 +103,4 @@ def main(secs):
 
 
 if __name__ == "__main__":
-    main(float(sys.argv[1]) if len(sys.argv) > 1 else None)
+    below(DEPTH, float(sys.argv[1]) if len(sys.argv) > 1 else None)
