@@ -24,7 +24,8 @@ time_slices   tests/scripts/time_slices.py alternates 20 ms of `long_loop`
               of recordings as short_calls. Compared:
               its inclusive share, the error vs 50 % in pp, and for pyprof
               the fraction of ticks that became samples ("N samples over M
-              ticks" on its stderr).
+              ticks" on its stderr; also shown: the ticks whose first read
+              was torn and retried, meta.errors.retried of its JSON).
 real_code     `python -m test MODULE` for a few of CPython's own CPU-bound
               test modules (--modules; default test_decimal, test_pickle,
               test_difflib), launched under py-spy twice and under pyprof
@@ -610,7 +611,7 @@ def _fmt(v, spec="%.1f"):
 
 
 def format_table(rows):
-    head = ["python", "scenario", "profiler", "rate", "result", "error", "samples", "ticks kept"]
+    head = ["python", "scenario", "profiler", "rate", "result", "error", "samples", "ticks kept (pyprof)"]
     out = []
     for r in rows:
         if "error" in r and isinstance(r["error"], str):
@@ -631,6 +632,9 @@ def format_table(rows):
             else:
                 error = "(reference)"
         kept = ("%.1f%% of %d" % (r["ticks_kept_pct"], r["ticks"])) if "ticks_kept_pct" in r else "-"
+        retried = (r.get("errors") or {}).get("retried") if isinstance(r.get("errors"), dict) else None
+        if retried and r.get("ticks"):
+            kept += ", %.0f%% retried" % (100.0 * retried / r["ticks"])
         out.append([r["python"], r["scenario"], r["profiler"], _fmt_rate(r["rate"]), result, error,
                     str(r["samples"]), kept])
     widths = [max(len(x[i]) for x in [head] + out) for i in range(len(head))]
