@@ -7,6 +7,7 @@
 #     machine image: pyenv cannot download sources here, so we only check)
 #   - Debian's own /usr/bin/python3.11 (static, stripped; apt package python3.11)
 #   - a Debian sid chroot with python3.13, 3.14, 3.15 (debootstrap)
+#   - CPython test suites for Debian's interpreters (libpython3.X-testsuite)
 #   - py-spy and austin in a venv, as oracles and benchmark peers
 #   - libc6-dbg (names for libc's internal functions in --native stacks)
 #   - numpy in a venv of pyenv 3.12 (a real C extension for --native tests)
@@ -64,6 +65,26 @@ fi
 for v in 3.13 3.14 3.15; do
   [ -x "$SID/usr/bin/python$v" ] || { log "python$v missing in $SID"; exit 1; }
 done
+
+# 3b. CPython's own test suites (Lib/test), which bench/accuracy.py runs as
+#     real code; the pyenv builds have theirs. Debian splits them out. Note
+#     the package pins its interpreter's exact version, so on the host it may
+#     upgrade python3.11 to the archive's latest point release.
+apt_install libpython3.11-testsuite
+sid_missing=()
+for v in 3.13 3.14 3.15; do
+  chroot "$SID" dpkg -s "libpython$v-testsuite" >/dev/null 2>&1 || sid_missing+=("libpython$v-testsuite")
+done
+if [ ${#sid_missing[@]} -gt 0 ]; then
+  need_root "installing ${sid_missing[*]} in $SID"
+  log "apt-get install ${sid_missing[*]} in $SID"
+  # The lists debootstrap left match the interpreters it installed; refresh
+  # them only if they no longer lead to a download.
+  if ! chroot "$SID" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${sid_missing[@]}" >/dev/null 2>&1; then
+    chroot "$SID" apt-get update -qq
+    chroot "$SID" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${sid_missing[@]}" >/dev/null
+  fi
+fi
 
 # 4. py-spy and austin, pinned, in their own venv.
 TOOLS="$CACHE/tools"
