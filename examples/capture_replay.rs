@@ -24,7 +24,7 @@ use nix::unistd::Pid;
 use pyprof::attach::{AttachOptions, attach};
 use pyprof::process::memory::RemoteMemory;
 use pyprof::process::replay::{CaptureInfo, Recording, ReportedThread};
-use pyprof::python::snapshot::{SnapshotNeeds, Snapshotter, Source};
+use pyprof::python::snapshot::{Check, SnapshotNeeds, Snapshotter, Source};
 
 fn main() {
     let wanted: Vec<String> = std::env::args().skip(1).collect();
@@ -110,7 +110,7 @@ fn capture(py: &common::Interpreter, out: &std::path::Path) -> Result<usize, Str
         let src = Source { mem: &recording, interp: &interp, target: None };
         let needs = SnapshotNeeds { gil: true, on_cpu: false, names: true, stop_running_only: false };
         for _ in 0..2 {
-            let t = snap.snapshot(src, needs).map_err(|e| e.to_string())?;
+            let t = snap.snapshot(src, needs, Check::LOCK_FREE).map_err(|e| e.to_string())?;
             snap.recycle(t);
         }
         // Every code object a chain names, entry frames' included (a walk

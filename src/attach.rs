@@ -19,6 +19,8 @@ pub struct AttachOptions {
     pub runtime_method: Option<Method>,
     /// `--native`: merge C frames into every stack.
     pub native: Option<crate::native::NativeOptions>,
+    /// Whether a snapshot may hold the GIL holder still (`freeze`).
+    pub sampling: crate::freeze::Sampling,
 }
 
 pub struct Attached {

@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::attach::AttachOptions;
 use crate::binary::runtime::Method;
+use crate::freeze::Sampling;
 use crate::output::Format;
 use crate::profile::aggregate::AggregateOptions;
 use crate::record::{RecordConfig, RecordTarget, default_output};
@@ -60,6 +61,12 @@ pub struct AttachArgs {
     /// Do not look for separate debug files (build-id, .gnu_debuglink) when naming C frames.
     #[arg(long, env = "PYPROF_NO_DEBUG_FILES", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_debug_files: bool,
+
+    /// Never stop a thread, not even for microseconds: each sample is read
+    /// while the target runs, and a stack that moves meanwhile is recorded as
+    /// torn (shares of short calls then come out low; docs/architecture.md).
+    #[arg(long, conflicts_with = "native")]
+    pub nonblocking: bool,
 }
 
 impl AttachArgs {
@@ -69,7 +76,8 @@ impl AttachArgs {
             o.debug.enabled = !self.no_debug_files;
             o
         });
-        AttachOptions { runtime_method: self.runtime_method, native }
+        let sampling = if self.nonblocking { Sampling::Nonblocking } else { Sampling::Exact };
+        AttachOptions { runtime_method: self.runtime_method, native, sampling }
     }
 }
 

@@ -84,42 +84,39 @@ impl<'a> ThreadJson<'a> {
     }
 }
 
-/// How long to keep retrying a snapshot torn by the running target. Retries
-/// come in bursts: a stack that churns every few microseconds is caught
-/// between two changes by trying again at once, many times; a thread being
-/// torn down can stay half-unlinked while it waits for the GIL (one switch
-/// interval, 5 ms), which only a pause between bursts outlasts.
+/// How long a `--nonblocking` dump keeps looking for a snapshot in which no
+/// stack moved. Looks come in bursts: a stack that churns every few
+/// microseconds is caught between two changes by looking again at once, many
+/// times; a thread being torn down can stay half-unlinked while it waits for
+/// the GIL (one switch interval, 5 ms), which only a pause between bursts
+/// outlasts. (A dump is one look: choosing among looks biases no share. The
+/// default, exact dump never needs this: it holds the GIL holder still.)
 const RETRY_FOR: std::time::Duration = std::time::Duration::from_millis(300);
 const BURST: usize = 20;
 const BACKOFF: std::time::Duration = std::time::Duration::from_millis(2);
 
-/// A snapshot, retried while the target changes under us.
-pub fn snapshot_with_retry(session: &mut Session) -> Result<Vec<ThreadStack>> {
+/// One snapshot for the dump.
+pub fn snapshot(session: &mut Session) -> Result<Vec<ThreadStack>> {
     let started = std::time::Instant::now();
     let mut tries = 0;
     loop {
         match session.snapshot(SnapshotNeeds::ALL) {
-            Ok(s) => return Ok(s),
-            Err(e) if e.is_transient() => {
-                tries += 1;
-                if started.elapsed() >= RETRY_FOR {
-                    if !session.attached().target.is_alive() {
-                        return Err(Error::ProcessGone(session.pid()));
-                    }
-                    return Err(e);
-                }
-                if tries % BURST == 0 {
-                    std::thread::sleep(BACKOFF);
-                }
-            }
+            Ok(s) if !s.iter().any(|t| t.torn) || started.elapsed() >= RETRY_FOR => return Ok(s),
+            Ok(s) => session.recycle(s),
+            Err(e) if e.is_transient() && started.elapsed() < RETRY_FOR => {}
+            Err(_) if !session.attached().target.is_alive() => return Err(Error::ProcessGone(session.pid())),
             Err(e) => return Err(e),
+        }
+        tries += 1;
+        if tries % BURST == 0 {
+            std::thread::sleep(BACKOFF);
         }
     }
 }
 
 /// One snapshot of `session`'s target, as text or JSON.
 pub fn write(session: &mut Session, opts: &DumpConfig, out: &mut dyn Write) -> Result<()> {
-    let threads = snapshot_with_retry(session)?;
+    let threads = snapshot(session)?;
     for w in session.native_warnings() {
         eprintln!("pyprof: warning: {w}");
     }
@@ -144,6 +141,9 @@ pub fn write(session: &mut Session, opts: &DumpConfig, out: &mut dyn Write) -> R
         facts.push(if t.on_cpu { "on CPU" } else { "idle" });
         let id = t.native_id.map_or_else(|| format!("{:#x}", t.python_id), |n| n.to_string());
         writeln!(out, "Thread {id} ({}) [{}]", t.name.as_deref().unwrap_or("?"), facts.join(", "))?;
+        if t.torn {
+            writeln!(out, "    {}", crate::sampler::TORN)?;
+        }
         for f in &t.frames {
             if f.is_native() {
                 writeln!(out, "    {} [{}]", f.function, f.file)?;

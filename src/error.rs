@@ -34,6 +34,10 @@ pub enum Error {
     #[error("inconsistent data in target: {0}")]
     Corrupt(String),
 
+    /// A thread could not be held still for a sample (ptrace refused).
+    #[error("cannot hold a thread of pid {pid} still for a sample: {why}")]
+    CannotStop { pid: i32, why: String },
+
     /// Two reads of the target disagreed: it changed while read.
     #[error("stack changed while read: {0}")]
     Torn(String),

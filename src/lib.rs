@@ -17,6 +17,7 @@ pub mod cli;
 pub mod diff;
 pub mod dump;
 pub mod error;
+pub mod freeze;
 pub mod native;
 pub mod offsets;
 pub mod output;

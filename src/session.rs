@@ -3,18 +3,20 @@
 
 use crate::attach::{AttachOptions, Attached, attach};
 use crate::error::Result;
+use crate::freeze::{AcquireStats, Freezer, Sampling};
 use crate::native::NativeStats;
 use crate::native::layer::NativeLayer;
 use crate::process::prefetch::PrefetchStats;
 use crate::python::code::CodeCacheStats;
 pub use crate::python::snapshot::SnapshotNeeds;
-use crate::python::snapshot::{Snapshotter, Source};
+use crate::python::snapshot::Snapshotter;
 use crate::stack::ThreadStack;
 
 pub struct Session {
     attached: Attached,
     python: Snapshotter,
     native: Option<NativeLayer>,
+    freezer: Freezer,
 }
 
 impl Session {
@@ -28,7 +30,17 @@ impl Session {
             }
             None => None,
         };
-        Ok(Session { attached, python, native })
+        if opts.sampling == Sampling::Exact && native.is_none() {
+            // Fail now, with the reason, if threads cannot be held still
+            // (ptrace forbidden, or a debugger already holds them).
+            probe_stopping(pid)?;
+        }
+        Ok(Session { attached, python, native, freezer: Freezer::new(opts.sampling) })
+    }
+
+    /// How the snapshots so far were obtained, and how long the target was held.
+    pub fn acquire_stats(&self) -> AcquireStats {
+        self.freezer.stats
     }
 
     pub fn pid(&self) -> i32 {
@@ -67,7 +79,7 @@ impl Session {
         let a = &self.attached;
         match &mut self.native {
             Some(native) => native.snapshot(a, &mut self.python, needs),
-            None => self.python.snapshot(Source { mem: &a.mem, interp: &a.interp, target: Some(&a.target) }, needs),
+            None => self.freezer.snapshot(a, &mut self.python, needs),
         }
     }
 
@@ -76,4 +88,17 @@ impl Session {
     pub fn recycle(&mut self, threads: Vec<ThreadStack>) {
         self.python.recycle(threads);
     }
+}
+
+/// Stop the main thread once and let it go: attach-time proof that the
+/// threads of `pid` can be held, with the fix in the error if not.
+fn probe_stopping(pid: i32) -> Result<()> {
+    let mut s = crate::process::ptrace::Stopped::none(pid);
+    s.add(&[pid], false).map_err(|e| match e {
+        crate::error::Error::CannotStop { pid, why } => crate::error::Error::CannotStop {
+            pid,
+            why: format!("{why}; or sample without ever stopping a thread: --nonblocking (less exact: a stack that moves while read is counted as torn)"),
+        },
+        e => e,
+    })
 }

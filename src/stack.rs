@@ -55,6 +55,9 @@ pub struct ThreadStack {
     pub name: Option<String>,
     pub holds_gil: bool,
     pub on_cpu: bool,
+    /// The stack moved while it was read and could not be told (only a
+    /// snapshot read while the target runs, `--nonblocking`): no frames.
+    pub torn: bool,
     pub frames: Vec<Frame>,
 }
 

@@ -359,7 +359,13 @@ fn a_target_traced_by_someone_else_gets_a_clear_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("already traced by pid") && stderr.trim().lines().count() == 1, "{stderr}");
     assert!(!dir.join("x.json").exists(), "no profile for a recording that never started");
-    // Python-only sampling needs no ptrace and still works.
+    // Exact sampling holds the GIL holder still, with ptrace too: refused
+    // the same way, pointing at the way that never stops a thread ...
     let out = pyprof(&["dump", "--pid", &main.to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("already traced by pid") && stderr.contains("--nonblocking"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    // ... which needs no ptrace and works.
+    let out = pyprof(&["dump", "--nonblocking", "--pid", &main.to_string()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

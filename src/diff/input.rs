@@ -125,6 +125,7 @@ pub fn parse_collapsed(text: &str) -> anyhow::Result<Profile> {
         late: 0,
         errors: Default::default(),
         stop_reason: String::new(),
+        sampling: Default::default(),
     };
     Ok(Profile { meta, frames, threads: vec![ThreadInfo { pid: 0, native_id: None, name: None }], stacks })
 }

@@ -5,8 +5,9 @@
 use crate::attach::Attached;
 use crate::error::Result;
 use crate::native::merge::{self, NativeFrame};
-use crate::native::{NativeOptions, NativeRaw, NativeState, ptrace};
-use crate::python::snapshot::{SnapshotNeeds, Snapshotter, Source};
+use crate::native::{NativeOptions, NativeRaw, NativeState};
+use crate::process::ptrace;
+use crate::python::snapshot::{Check, SnapshotNeeds, Snapshotter, Source};
 use crate::stack::ThreadStack;
 
 pub struct NativeLayer {
@@ -48,7 +49,7 @@ impl NativeLayer {
         }
         let stopped = ptrace::stop_threads(pid, &stop)?;
         let src = Source { mem: &attached.mem, interp: &attached.interp, target: Some(&attached.target) };
-        let walked = python.snapshot(src, SnapshotNeeds { on_cpu: false, ..needs });
+        let walked = python.snapshot(src, SnapshotNeeds { on_cpu: false, ..needs }, Check::LOCK_FREE);
         let mut threads = match walked {
             Ok(t) => t,
             Err(e) => {

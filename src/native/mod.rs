@@ -1,5 +1,5 @@
 //! `--native`: C frames merged with Python frames. Per sample, the target's
-//! threads are held for a moment ([`ptrace`]), each one's C stack is unwound
+//! threads are held for a moment (`process::ptrace`), each one's C stack is unwound
 //! with DWARF CFI (framehop, over the modules in [`modules`]), every return
 //! address is named ([`symbols`], perf map, jitdump) and [`merge`] splices the
 //! Python frames read in the same moment into place.
@@ -14,7 +14,6 @@ pub mod modules;
 #[cfg(test)]
 mod mutate;
 pub mod perf_map;
-pub mod ptrace;
 pub mod symbols;
 
 use std::collections::HashMap;
@@ -24,9 +23,9 @@ use std::time::{Duration, Instant};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{FrameAddress, Unwinder};
 
-use crate::process::Target;
 use crate::process::maps::{Mapping, read_maps};
 use crate::process::memory::RemoteMemory;
+use crate::process::{Target, ptrace};
 use merge::{NativeFrame, NativeKind};
 use modules::{Bytes, CodeModule};
 

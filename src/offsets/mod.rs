@@ -106,8 +106,9 @@ pub struct Rules {
     pub caller_stacktop: bool,
     /// 3.14+: a popped frame's executable is cleared; a null one is no frame.
     pub popped_executable_cleared: bool,
-    /// 3.11+: a frame not yet at its code's first traceable instruction is
-    /// incomplete (never a generator's) and hidden, as tracebacks hide it.
+    /// 3.11+: a frame in its prologue, before its code's first traceable
+    /// instruction, is incomplete (never a generator's) and hidden, as
+    /// tracebacks hide it. (One pushed but not started is shown: `frames`.)
     pub incomplete_frames_hidden: bool,
     /// 3.11–3.12: the current frame hangs off a `_PyCFrame` on the C stack of
     /// the innermost eval call, which keeps naming its frame after returning.

@@ -5,6 +5,7 @@
 pub mod maps;
 pub mod memory;
 pub mod prefetch;
+pub mod ptrace;
 pub mod replay;
 
 use std::path::{Path, PathBuf};

@@ -63,6 +63,36 @@ pub struct Meta {
     pub errors: std::collections::BTreeMap<String, u64>,
     /// Why recording stopped: "duration", "interrupted", "target exited".
     pub stop_reason: String,
+    /// How the samples were taken (absent from profiles of pyprof 0.1 before it).
+    #[serde(default)]
+    pub sampling: Acquisition,
+}
+
+/// How each snapshot was obtained (one snapshot per tick and process) and
+/// how long the target had a thread held still for them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Acquisition {
+    /// "exact": the GIL holder stopped for each read; "nonblocking": never stopped.
+    pub method: String,
+    /// Read while the GIL holder was held stopped.
+    pub stopped: u64,
+    /// Read while the target ran and no thread held the GIL (exact too).
+    pub gil_free: u64,
+    /// Read a second time, its new GIL holder stopped, because the GIL
+    /// changed hands under the first read: a few µs after the tick.
+    pub moved: u64,
+    /// Read again after the held thread was stepped a few machine
+    /// instructions out of a half-done frame push or pop (nanoseconds).
+    #[serde(default)]
+    pub stepped: u64,
+    /// `--nonblocking` snapshots.
+    pub lock_free: u64,
+    /// Thread samples whose stack moved while read (`--nonblocking` only),
+    /// counted under `[stack moved while read]`.
+    pub torn: u64,
+    /// Total and longest time a thread was held stopped, in microseconds.
+    pub paused_us_total: f64,
+    pub paused_us_max: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -100,6 +130,7 @@ impl Profile {
                 late: 0,
                 errors: Default::default(),
                 stop_reason: "duration".into(),
+                sampling: Acquisition::default(),
             },
             frames: vec![f("<module>", "app.py", 10), f("main", "app.py", 5), f("work", "lib/ü.py", 2), f("Other.sleep <&>", "app.py", 7)],
             threads: vec![ThreadInfo { pid: 4242, native_id: Some(4242), name: Some("MainThread".into()) }],

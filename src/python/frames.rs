@@ -43,6 +43,8 @@ pub struct FrameWalker {
     /// Words that identify each code object the walks named (`code::Ident`),
     /// checked with the links.
     idents: Vec<(u64, u64)>,
+    /// Where each thread's words start: (index in `links`, index in `idents`).
+    threads: Vec<(usize, usize)>,
     /// Scratch for `verify`: (start, end, offset in `check`) of each span read.
     spans: Vec<(u64, u64, usize)>,
     /// The same spans as (address, length), for the read.
@@ -230,22 +232,31 @@ fn check_caller_stacktop(frame: u64, running: bool, callee: Callee, hooked: bool
 }
 
 /// The frame's instruction in the unit its line table counts, or None for
-/// a frame CPython calls incomplete: pushed but not started, or still in
-/// its prologue (cells, free variables, 3.13's `__init__` trampoline).
+/// a frame CPython hides as incomplete: in its prologue (making cells and
+/// free variables, or a trampoline that never gets further, such as 3.13's
+/// `__init__` shim under a specialised constructor call). A frame pushed but
+/// not started yet (3.11–3.12 point it one unit before its code) is shown:
+/// the call into it is under way, and a sample of that moment is the
+/// callee's (py-spy, stopping the target, counts it so; hiding it moved 3–5
+/// points of a short callee's share to its caller), at instruction -1, the
+/// line tables' "before the first instruction", its first line.
 fn instruction(o: &Offsets, f: &RawFrame, code: &CodeInfo) -> Option<i32> {
     match o.layout.lasti {
         LastiUnit::Bytes | LastiUnit::CodeUnits => Some(f.instr_word as u32 as i32),
         LastiUnit::InstrPtr => {
             let ip = f.instr_word;
             let start = f.code + o.code.code_adaptive.unwrap_or(0);
+            if ip < start {
+                return Some(-1);
+            }
             if o.rules.incomplete_frames_hidden {
                 let prologue = start + 2 * code.first_traceable.max(0) as u64;
                 let generator = f.owner.is_some() && f.owner == o.constants.generator_owner;
-                if ip < start || (ip < prologue && !generator) {
+                if ip < prologue && !generator {
                     return None;
                 }
             }
-            Some((ip.saturating_sub(start) / 2).min(i32::MAX as u64) as i32)
+            Some(((ip - start) / 2).min(i32::MAX as u64) as i32)
         }
     }
 }
@@ -256,6 +267,13 @@ impl FrameWalker {
         self.links.clear();
         self.heads.clear();
         self.idents.clear();
+        self.threads.clear();
+    }
+
+    /// The words noted and walked from here on are thread `threads.len()`'s
+    /// (for [`verify`](Self::verify) to say which thread moved).
+    pub fn begin_thread(&mut self) {
+        self.threads.push((self.links.len(), self.idents.len()));
     }
 
     /// Remember that the word at `addr` held `value` (e.g. a thread's
@@ -267,13 +285,15 @@ impl FrameWalker {
 
     /// Seqlock-style check that the stacks just walked existed as one: re-read,
     /// in a single syscall, every word the walks followed (current-frame
-    /// pointers, each frame's back pointer, code and instruction) and demand
-    /// they are unchanged. A walk that raced the target (frames popped and
-    /// reused under it, which can splice two stacks into one that never
-    /// existed) fails here and is retried or counted, never recorded.
+    /// pointers, each frame's back pointer, code and instruction) and find
+    /// which threads' words changed: their walk may have spliced two stacks
+    /// into one that never existed, so `moved` gets their indices (in the
+    /// order of [`begin_thread`](Self::begin_thread)). `fixed` words, read
+    /// last, must still hold their values: returns whether they do.
     /// `full`: re-read even a snapshot equal to a verified one (its code
     /// objects were not all proven, see `CodeCache::unproven`).
-    pub fn verify(&mut self, mem: &dyn RemoteMemory, full: bool) -> Result<()> {
+    pub fn verify(&mut self, mem: &dyn RemoteMemory, full: bool, fixed: &[(u64, u64)], moved: &mut Vec<usize>) -> Result<bool> {
+        moved.clear();
         // The code objects' identities count as links from here on (kept at
         // the end, read first: see below).
         let n = self.links.len();
@@ -285,7 +305,7 @@ impl FrameWalker {
         let known = self.verified.iter().position(|(h, v)| *h == hash && *v == self.links);
         if let (Some(i), false) = (known, full) {
             self.verified[..=i].rotate_right(1);
-            return Ok(());
+            return self.check_fixed(mem, fixed);
         }
         // Order matters. Each thread's current-frame pointer is read first and
         // again last, its frames in between: a torn stack then passes only if
@@ -295,9 +315,10 @@ impl FrameWalker {
         // forward progress, caller-then-call, confirm a tear). Code identities
         // only need reading after the walk's own reads, so they go before the
         // first pointer, outside the window a moving stack has to tear in.
-        // Words are read as merged spans, not one iovec each: the kernel pins
-        // pages per iovec, and 300 single words of a deep stack took ~30 µs,
-        // a window that a stack calling every few µs tore almost every time.
+        // Fixed words go last of all. Words are read as merged spans, not one
+        // iovec each: the kernel pins pages per iovec, and 300 single words
+        // of a deep stack took ~30 µs, a window that a stack calling every
+        // few µs tore almost every time.
         let spans = &mut self.spans;
         spans.clear();
         push_spans(spans, self.links[n..].iter().map(|w| w.0));
@@ -307,6 +328,8 @@ impl FrameWalker {
         push_spans(spans, self.links[..n].iter().map(|w| w.0));
         let frames_end = spans.len();
         spans.extend_from_within(heads_at..frames_at);
+        let fixed_at = spans.len();
+        push_spans(spans, fixed.iter().map(|w| w.0));
         let mut total = 0usize;
         for sp in spans.iter_mut() {
             sp.2 = total;
@@ -317,7 +340,9 @@ impl FrameWalker {
         self.ranges.extend(spans.iter().map(|&(s, e, _)| (s, (e - s) as usize)));
         let got = mem.read_scatter(&self.ranges, &mut self.check);
         if got != total {
-            return Err(Error::Torn("memory gone".into()));
+            // Memory gone under the walk (a thread exited, its chunk freed).
+            moved.extend(0..self.threads.len());
+            return Ok(false);
         }
         // Every word lies in its own set's spans; a miss reads as "changed"
         // rather than a panic.
@@ -325,14 +350,30 @@ impl FrameWalker {
             let sp = set[..set.partition_point(|sp| sp.0 <= addr)].last().filter(|sp| addr + 8 <= sp.1)?;
             Some(field_u64(&self.check, sp.2 + (addr - sp.0) as usize))
         };
-        let (idents, heads, frames, heads2) = (&spans[..heads_at], &spans[heads_at..frames_at], &spans[frames_at..frames_end], &spans[frames_end..]);
-        let changed = self.links[n..]
-            .iter()
-            .find(|w| word(idents, w.0) != Some(w.1))
-            .or_else(|| self.links[..n].iter().find(|w| word(frames, w.0) != Some(w.1)))
-            .or_else(|| self.heads.iter().map(|&i| &self.links[i]).find(|w| word(heads, w.0) != Some(w.1) || word(heads2, w.0) != Some(w.1)));
-        if let Some((addr, _)) = changed {
-            return Err(Error::Torn(format!("word at {addr:#x} moved")));
+        let (idents, heads, frames, heads2, fixed_set) =
+            (&spans[..heads_at], &spans[heads_at..frames_at], &spans[frames_at..frames_end], &spans[frames_end..fixed_at], &spans[fixed_at..]);
+        let owner = |marks: &[(usize, usize)], i: usize, of: fn(&(usize, usize)) -> usize| marks.partition_point(|m| of(m) <= i).saturating_sub(1);
+        for (j, w) in self.links[n..].iter().enumerate() {
+            if word(idents, w.0) != Some(w.1) {
+                moved.push(owner(&self.threads, j, |m| m.1));
+            }
+        }
+        for (j, w) in self.links[..n].iter().enumerate() {
+            if word(frames, w.0) != Some(w.1) {
+                moved.push(owner(&self.threads, j, |m| m.0));
+            }
+        }
+        for &j in &self.heads {
+            let w = self.links[j];
+            if word(heads, w.0) != Some(w.1) || word(heads2, w.0) != Some(w.1) {
+                moved.push(owner(&self.threads, j, |m| m.0));
+            }
+        }
+        moved.sort_unstable();
+        moved.dedup();
+        let fixed_held = fixed.iter().all(|w| word(fixed_set, w.0) == Some(w.1));
+        if !moved.is_empty() {
+            return Ok(fixed_held);
         }
         if let Some(i) = known {
             self.verified[..=i].rotate_right(1);
@@ -344,7 +385,23 @@ impl FrameWalker {
             self.verified[0].0 = hash;
             self.verified[0].1.clone_from(&self.links);
         }
-        Ok(())
+        Ok(fixed_held)
+    }
+
+    /// Read `fixed` words now (one call) and say whether each still holds
+    /// its value: the whole check of a snapshot taken while nothing that
+    /// could change it ran.
+    pub fn check_fixed(&mut self, mem: &dyn RemoteMemory, fixed: &[(u64, u64)]) -> Result<bool> {
+        if fixed.is_empty() {
+            return Ok(true);
+        }
+        self.ranges.clear();
+        self.ranges.extend(fixed.iter().map(|w| (w.0, 8)));
+        self.check.resize(8 * fixed.len(), 0);
+        if mem.read_scatter(&self.ranges, &mut self.check) != self.check.len() {
+            return Ok(false);
+        }
+        Ok(fixed.iter().enumerate().all(|(i, w)| field_u64(&self.check, 8 * i) == w.1))
     }
 
     /// Walk the chain from `frame` into `out`, which is overwritten: handing
@@ -406,8 +463,7 @@ impl FrameWalker {
                         self.idents.extend_from_slice(ident.words());
                         last_code = f.code;
                     }
-                    // None: pushed but not started, or still in its prologue:
-                    // CPython calls it incomplete and hides it too.
+                    // None: in its prologue, hidden as CPython hides it.
                     if let Some(instr) = instruction(o, &f, code) {
                         let line = self.lines.line(o, code, instr);
                         put_frame(out, n, code, line);

@@ -2,6 +2,7 @@
 
 pub mod code;
 pub mod frames;
+pub mod gil;
 pub mod linetable;
 pub mod snapshot;
 pub mod strings;

@@ -38,6 +38,25 @@ impl SnapshotNeeds {
     pub const ALL: SnapshotNeeds = SnapshotNeeds { gil: true, on_cpu: true, names: true, stop_running_only: false };
 }
 
+/// How a snapshot proves its stacks are those of one instant.
+#[derive(Debug, Clone, Copy)]
+pub struct Check<'a> {
+    /// Nothing that could change a stack ran while it was read (the GIL
+    /// holder was held stopped): no re-read of the stacks. Otherwise every
+    /// word the walks used is read again, and a thread whose words moved is
+    /// marked torn.
+    pub frozen: bool,
+    /// Words read after everything else that must still hold these values
+    /// (the GIL words: no other thread took it meanwhile). See
+    /// [`Snapshotter::fixed_held`].
+    pub fixed: &'a [(u64, u64)],
+}
+
+impl Check<'_> {
+    /// Read while the target runs, proven by the re-read alone.
+    pub const LOCK_FREE: Check<'static> = Check { frozen: false, fixed: &[] };
+}
+
 /// Where a snapshot reads from.
 #[derive(Clone, Copy)]
 pub struct Source<'a> {
@@ -80,6 +99,13 @@ pub struct Snapshotter {
     /// Keep each thread's eval-loop groups (for `--native`).
     keep_groups: bool,
     groups: Vec<Vec<EvalGroup>>,
+    /// Threads whose words moved during the last re-read (scratch).
+    moved: Vec<usize>,
+    /// The last snapshot's threads: (thread state, kernel thread id).
+    thread_ids: Vec<(u64, Option<u64>)>,
+    /// The last snapshot's interpreters, in order.
+    interps: Vec<u64>,
+    fixed_held: bool,
 }
 
 impl Snapshotter {
@@ -110,22 +136,56 @@ impl Snapshotter {
         self.groups.get(i).map(Vec::as_slice).unwrap_or(&[])
     }
 
-    /// Every thread's stack, innermost frame first, as one verified look.
-    pub fn snapshot(&mut self, src: Source, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
+    /// The last snapshot's threads: (thread state address, kernel thread id).
+    pub fn thread_ids(&self) -> &[(u64, Option<u64>)] {
+        &self.thread_ids
+    }
+
+    /// The last snapshot's interpreters.
+    pub fn interpreters(&self) -> &[u64] {
+        &self.interps
+    }
+
+    /// Whether the last snapshot's `Check::fixed` words held their values.
+    pub fn fixed_held(&self) -> bool {
+        self.fixed_held
+    }
+
+    /// Every thread's stack, innermost frame first, as one look, proven as
+    /// `check` says. A thread whose stack moved while read is marked
+    /// [`ThreadStack::torn`] (only a snapshot read while the target runs
+    /// can have one).
+    pub fn snapshot(&mut self, src: Source, needs: SnapshotNeeds, check: Check) -> Result<Vec<ThreadStack>> {
         self.prefetch.begin(src.mem);
         self.codes.begin_snapshot();
         self.walker.begin();
         let mut result = self.walk(src, needs);
         // Not even one process_vm_readv is atomic: the kernel copies iovec by
         // iovec while the target runs, so a current-frame pointer copied first
-        // can name a frame popped before the chunk holding it was copied. Every
-        // walk is therefore re-checked, in one more syscall, before it counts.
+        // can name a frame popped before the chunk holding it was copied. A
+        // walk of a running target is therefore re-checked, in one more
+        // syscall, before it counts.
         if result.is_ok() {
-            if let Err(e) = self.walker.verify(src.mem, self.codes.unproven()) {
-                if let Ok(torn) = std::mem::replace(&mut result, Err(e)) {
-                    self.recycle(torn);
+            let held = if check.frozen {
+                self.walker.check_fixed(src.mem, check.fixed)
+            } else {
+                self.walker.verify(src.mem, self.codes.unproven(), check.fixed, &mut self.moved)
+            };
+            match held {
+                Ok(h) => self.fixed_held = h,
+                Err(e) => result = Err(e),
+            }
+            if let Ok(threads) = &mut result {
+                for &i in &self.moved {
+                    if let Some(t) = threads.get_mut(i) {
+                        t.torn = true;
+                        t.frames.clear();
+                    }
                 }
             }
+        }
+        if check.frozen {
+            self.moved.clear();
         }
         self.prefetch.end();
         if let Ok(threads) = &mut result {
@@ -204,7 +264,12 @@ impl Snapshotter {
         out.clear();
         let mut spare = std::mem::take(&mut self.spare);
         self.holders.clear();
+        self.thread_ids.clear();
+        self.interps.clear();
         for (i, ts) in self.states.iter().enumerate() {
+            if !self.interps.contains(&ts.interp) {
+                self.interps.push(ts.interp);
+            }
             let holder = match self.holders.iter().find(|(interp, _)| *interp == ts.interp) {
                 Some(&(_, h)) => h,
                 None if !needs.gil => None,
@@ -220,6 +285,7 @@ impl Snapshotter {
             });
             // Not cleared: the walk overwrites the last sample's frames in place.
             let mut slot = spare.get_mut(i).map(std::mem::take).unwrap_or_default();
+            self.walker.begin_thread();
             if let Some(cframe) = ts.cframe {
                 self.walker.note(ts.addr + o.thread.current_frame, cframe);
             }
@@ -233,7 +299,17 @@ impl Snapshotter {
                 after: gen_word.and_then(|w| self.prefetch.tail_word(w)),
             };
             let ctx = WalkContext { mem, code: &code, offsets: o, gens, hooked: ts.hooked };
-            self.walker.walk(&ctx, &mut self.codes, ts.frame, &mut slot.frames)?;
+            // A walk that fails a check or runs into garbage was torn by a
+            // moving target: that thread is marked, the others stand.
+            slot.torn = false;
+            match self.walker.walk(&ctx, &mut self.codes, ts.frame, &mut slot.frames) {
+                Ok(()) => {}
+                Err(e) if e.is_transient() => {
+                    slot.torn = true;
+                    slot.frames.clear();
+                }
+                Err(e) => return Err(e),
+            }
             if self.keep_groups {
                 if self.groups.len() <= i {
                     self.groups.resize_with(i + 1, Vec::new);
@@ -241,6 +317,7 @@ impl Snapshotter {
                 self.groups[i].clone_from(&self.walker.groups);
             }
             slot.native_id = native_id;
+            self.thread_ids.push((ts.addr, native_id));
             slot.python_id = ts.thread_id;
             slot.holds_gil = holder == Some(ts.addr);
             out.push(slot);

@@ -22,7 +22,7 @@ pub fn launch(argv: &[String], opts: &AttachOptions) -> anyhow::Result<(Child, S
     loop {
         match Session::attach(pid, opts) {
             Ok(s) => return Ok((child, s)),
-            Err(e @ (Error::UnsupportedVersion { .. } | Error::PermissionDenied { .. } | Error::BadOffsets { .. })) => {
+            Err(e @ (Error::UnsupportedVersion { .. } | Error::PermissionDenied { .. } | Error::CannotStop { .. } | Error::BadOffsets { .. })) => {
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(e.into());
@@ -63,7 +63,7 @@ pub fn finish(child: &mut Child, reason: StopReason) -> anyhow::Result<i32> {
         Ok(status) => Ok(code(status)),
         // A wait for one of the child's threads to stop (ptrace) may have
         // reaped it as it exited; that wait kept its status.
-        Err(e) => match crate::native::ptrace::reaped_status(child.id() as i32) {
+        Err(e) => match crate::process::ptrace::reaped_status(child.id() as i32) {
             Some(raw) => Ok(code(std::process::ExitStatus::from_raw(raw))),
             None => Err(e.into()),
         },

@@ -1,7 +1,8 @@
 //! What a recording was like: the profile's `meta`, the progress line while
 //! it runs and the summary line after it.
 
-use crate::profile::model::Meta;
+use crate::freeze::{AcquireStats, Sampling};
+use crate::profile::model::{Acquisition, Meta};
 use crate::record::RecordConfig;
 use crate::sampler::{Progress, SamplerStats, StopReason};
 use crate::session::Session;
@@ -23,7 +24,7 @@ impl Target {
 
 pub fn meta(cfg: &RecordConfig, t: &Target, stats: &SamplerStats, reason: StopReason, start_time: f64, overflowed: u64, native: bool) -> Meta {
     let mut errors = stats.errors.clone();
-    for (k, v) in [("skipped_ticks", stats.skipped), ("retried", stats.retried), ("stack_table_full", overflowed)] {
+    for (k, v) in [("skipped_ticks", stats.skipped), ("stack_table_full", overflowed)] {
         if v > 0 {
             errors.insert(k.into(), v);
         }
@@ -50,14 +51,51 @@ pub fn meta(cfg: &RecordConfig, t: &Target, stats: &SamplerStats, reason: StopRe
         late: stats.late,
         errors,
         stop_reason: reason.describe().into(),
+        sampling: acquisition(cfg, &stats.acquire),
     }
+}
+
+fn acquisition(cfg: &RecordConfig, a: &AcquireStats) -> Acquisition {
+    let method = match cfg.attach.sampling {
+        _ if cfg.attach.native.is_some() => "native",
+        Sampling::Exact => "exact",
+        Sampling::Nonblocking => "nonblocking",
+    };
+    Acquisition {
+        method: method.into(),
+        stopped: a.stopped,
+        gil_free: a.gil_free,
+        moved: a.moved,
+        stepped: a.stepped,
+        lock_free: a.lock_free,
+        torn: a.torn,
+        paused_us_total: a.pause.as_secs_f64() * 1e6,
+        paused_us_max: a.pause_max.as_secs_f64() * 1e6,
+    }
+}
+
+/// One line on how the samples were taken.
+fn describe(a: &AcquireStats) -> String {
+    let snapshots = a.stopped + a.gil_free + a.lock_free;
+    if a.lock_free > 0 {
+        return format!("sampling: never stopped the target; {} thread samples moved while read and are counted as torn", a.torn);
+    }
+    let mean = if a.stopped > 0 { a.pause.as_secs_f64() * 1e6 / a.stopped as f64 } else { 0.0 };
+    format!(
+        "sampling: exact; {} of {snapshots} snapshots held the GIL holder still ({mean:.0} µs per snapshot on average, {:.0} µs at most), {} read with the GIL free, {} read again a few µs late because the GIL changed hands, {} stepped a few instructions out of a half-done frame update",
+        a.stopped,
+        a.pause_max.as_secs_f64() * 1e6,
+        a.gil_free,
+        a.moved,
+        a.stepped
+    )
 }
 
 /// The summary line (and the native one, and warnings) on stderr.
 pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, native: bool) {
     let errs: Vec<String> = stats.errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
     eprintln!(
-        "pyprof: {} samples over {} ticks in {:.2} s ({:.1} Hz achieved of {} requested, {} late{}, {:.2} reads/tick); errors: {}{}; stopped: {}; wrote {} ({})",
+        "pyprof: {} samples over {} ticks in {:.2} s ({:.1} Hz achieved of {} requested, {} late{}, {:.2} reads/tick); errors: {}; stopped: {}; wrote {} ({})",
         stats.samples,
         stats.ticks,
         stats.elapsed.as_secs_f64(),
@@ -67,13 +105,14 @@ pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, nativ
         if stats.skipped > 0 { format!(", {} ticks skipped", stats.skipped) } else { String::new() },
         stats.syscalls as f64 / stats.ticks.max(1) as f64,
         if errs.is_empty() { "none".into() } else { errs.join(", ") },
-        if stats.retried > 0 { format!(" ({} torn reads recovered by a retry)", stats.retried) } else { String::new() },
         reason.describe(),
         cfg.output.display(),
         cfg.format.name(),
     );
     if native {
         eprintln!("pyprof: {}", stats.native.describe());
+    } else {
+        eprintln!("pyprof: {}", describe(&stats.acquire));
     }
     for w in &stats.native_warnings {
         eprintln!("pyprof: warning: {w}");

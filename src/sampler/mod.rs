@@ -1,7 +1,9 @@
-//! The sampling loop: tick, snapshot every attached process, count the
+//! The sampling loop: tick, snapshot every attached process once, count the
 //! stacks the mode asks for. Stops on duration, on a signal, or when every
-//! target is gone; a torn read is retried up to [`MAX_RETRIES`] times and
-//! otherwise counted, never recorded as a stack.
+//! target is gone. A snapshot is never read again because of what it
+//! contains: that would let the stacks choose the instant (`freeze`). A
+//! thread whose stack moved while read (`--nonblocking` only) is counted
+//! under [`TORN`], so its time stays in the profile, visibly.
 
 pub mod timer;
 
@@ -73,8 +75,8 @@ pub struct SamplerStats {
     pub samples: u64,
     pub late: u64,
     pub skipped: u64,
-    /// Snapshots that tore and succeeded on the immediate retry.
-    pub retried: u64,
+    /// How the snapshots were obtained, and how long threads were held.
+    pub acquire: crate::freeze::AcquireStats,
     /// Snapshots lost, by kind of failure.
     pub errors: BTreeMap<String, u64>,
     pub elapsed: Duration,
@@ -100,8 +102,8 @@ impl SamplerStats {
     }
 }
 
-/// Re-reads of a torn snapshot before the tick is given up.
-const MAX_RETRIES: u32 = 3;
+/// The frame a torn thread sample is counted under.
+pub const TORN: &str = "[stack moved while read]";
 
 /// Set from the SIGINT/SIGTERM handler.
 pub static STOP: AtomicBool = AtomicBool::new(false);
@@ -128,6 +130,7 @@ fn error_kind(e: &Error) -> &'static str {
         Error::Torn(_) => "torn",
         Error::Corrupt(_) => "corrupt",
         Error::PermissionDenied { .. } => "permission",
+        Error::CannotStop { .. } => "stop_refused",
         _ => "other",
     }
 }
@@ -161,6 +164,7 @@ pub fn run(
     let mut commands: std::collections::HashMap<i32, String> = sessions.iter().map(|s| s.pid()).zip(commands).collect();
     let mut last_progress = Duration::ZERO;
     let mut last_discover = Duration::ZERO;
+    let torn = crate::stack::Frame::python(TORN, "", 0);
     let reason = loop {
         timer.wait();
         if STOP.load(Ordering::SeqCst) {
@@ -175,20 +179,7 @@ pub fn run(
         let mut threads_seen = 0;
         while i < sessions.len() {
             let s = &mut sessions[i];
-            let mut result = s.snapshot(needs);
-            // Immediate retries: a torn read means the stack moved under us,
-            // and a fresh read a few µs later is usually consistent. Dropping
-            // torn samples quickly would bias the profile against code that
-            // calls and returns fast, so only repeated failure loses the tick.
-            let mut retries = 0;
-            while retries < MAX_RETRIES && matches!(&result, Err(e) if e.is_transient()) {
-                retries += 1;
-                result = s.snapshot(needs);
-            }
-            if retries > 0 && result.is_ok() {
-                stats.retried += 1;
-            }
-            match result {
+            match s.snapshot(needs) {
                 Ok(threads) => {
                     let pid = s.pid();
                     let cmd = commands.get(&pid).map(String::as_str).unwrap_or("");
@@ -199,7 +190,10 @@ pub fn run(
                             Mode::Cpu => t.on_cpu,
                             Mode::Gil => t.holds_gil,
                         };
-                        if keep && (cfg.include_empty || !t.frames.is_empty()) {
+                        if keep && t.torn {
+                            stats.samples += 1;
+                            agg.add(pid, cmd, t.native_id, t.name.as_deref(), std::slice::from_ref(&torn));
+                        } else if keep && (cfg.include_empty || !t.frames.is_empty()) {
                             stats.samples += 1;
                             agg.add(pid, cmd, t.native_id, t.name.as_deref(), &t.frames);
                         }
@@ -209,6 +203,7 @@ pub fn run(
                 }
                 Err(e) if e.is_process_gone() || !s.attached().target.is_alive() => {
                     stats.syscalls += s.attached().mem.syscalls();
+                    stats.acquire.add(&s.acquire_stats());
                     if let Some(n) = s.native_stats() {
                         stats.native.add(n);
                     }
@@ -246,6 +241,7 @@ pub fn run(
     stats.skipped = timer.skipped;
     stats.syscalls += sessions.iter().map(|s| s.attached().mem.syscalls()).sum::<u64>();
     for s in sessions.iter() {
+        stats.acquire.add(&s.acquire_stats());
         if let Some(n) = s.native_stats() {
             stats.native.add(n);
         }

@@ -202,7 +202,7 @@ static void rules(void)
     rule("popped_executable_cleared", v >= 0x030E,
          "clear_thread_frame (ceval.c) clears f_executable as it pops a frame: a null one is no frame");
     rule("incomplete_frames_hidden", v >= 0x030B,
-         "_PyFrame_IsIncomplete: a frame before _co_firsttraceable (never a generator's) is hidden from tracebacks");
+         "_PyFrame_IsIncomplete: a frame in its prologue, before _co_firsttraceable (never a generator's), is hidden");
     rule("current_frame_in_cframe", v == 0x030B || v == 0x030C,
          "tstate->cframe lives on the innermost eval call's C stack and names its frame even after that call returned");
     printf("code_counter = \"%s\"  # %s\n", v >= 0x030E ? "frees" : v >= 0x030C ? "versions" : "none",

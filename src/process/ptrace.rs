@@ -1,13 +1,14 @@
-//! Registers of the target's threads, for `--native`: each thread is stopped
-//! for the length of one sample (PTRACE_SEIZE + PTRACE_INTERRUPT), its
-//! registers read, and released (PTRACE_DETACH) before the next tick.
+//! Holding some of the target's threads still for the length of one sample
+//! (PTRACE_SEIZE + PTRACE_INTERRUPT, then PTRACE_DETACH before the next
+//! tick), with their registers: the thread that holds the GIL, so a
+//! snapshot is one instant (`session`), and for `--native` every Python
+//! thread, whose C stacks are unwound from those registers.
 //!
-//! Why ptrace and not the alternatives (docs/architecture.md says more):
-//! perf_event_open samples on the kernel's own clock, so its user stack copy
-//! cannot be paired with a Python stack read at the same instant, and it never
-//! samples a sleeping thread; `/proc/PID/task/TID/syscall` has no registers for
-//! a running thread and no frame pointer for a blocked one. A stop per sample
-//! gives registers, C stack and Python frames from one frozen moment.
+//! Why ptrace for `--native` and not the alternatives: perf_event_open
+//! samples on the kernel's own clock, so its user stack copy cannot be
+//! paired with a Python stack read at the same instant, and it never samples
+//! a sleeping thread; `/proc/PID/task/TID/syscall` has no registers for a
+//! running thread and no frame pointer for a blocked one.
 //!
 //! Nothing stays attached between samples: if pyprof dies, no thread is left
 //! traced, and signals sent to the target between samples reach it untouched.
@@ -43,16 +44,117 @@ pub fn reaped_status(pid: i32) -> Option<i32> {
 
 /// Threads of one process held stopped; dropping it lets them all go.
 pub struct Stopped {
+    pid: i32,
     /// (tid, registers, signal to pass on when released).
     threads: Vec<(i32, Option<Regs>, i32)>,
+    /// Threads that reached their stop.
+    reached: Vec<i32>,
     /// When the first thread reported its stop: before that the target ran on.
     started: Option<Instant>,
 }
 
 impl Stopped {
-    /// Registers of `tid`, if it reached its stop.
+    /// None held yet; [`Stopped::add`] stops some.
+    pub fn none(pid: i32) -> Stopped {
+        Stopped { pid, threads: Vec::new(), reached: Vec::new(), started: None }
+    }
+
+    /// Registers of `tid`, if it reached its stop (and they were asked for).
     pub fn regs(&self, tid: i32) -> Option<Regs> {
         self.threads.iter().find(|t| t.0 == tid).and_then(|t| t.1)
+    }
+
+    /// Whether `tid` is held stopped now.
+    pub fn holds(&self, tid: i32) -> bool {
+        self.reached.contains(&tid)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.threads.is_empty()
+    }
+
+    /// Let held thread `tid` run `n` more machine instructions
+    /// (PTRACE_SINGLESTEP) and hold it again: for a thread stopped halfway
+    /// through the few stores of an update of its frames, which a handful
+    /// of instructions later is done. False if it is not held after.
+    pub fn step(&mut self, tid: i32, n: u32) -> bool {
+        if !self.holds(tid) {
+            return false;
+        }
+        for _ in 0..n {
+            // SAFETY: no pointers.
+            if unsafe { libc::ptrace(libc::PTRACE_SINGLESTEP, tid, 0usize, 0usize) } != 0 {
+                self.reached.retain(|&t| t != tid);
+                return false;
+            }
+            match wait_stop(self.pid, tid) {
+                // A step (SIGTRAP), or a signal that arrived first: that one
+                // is passed on when the thread is let go, as any other.
+                Some(Some(sig)) => {
+                    if sig != 0 {
+                        if let Some(t) = self.threads.iter_mut().find(|t| t.0 == tid) {
+                            t.2 = sig;
+                        }
+                    }
+                }
+                // It ran into something slow (a system call): hold it again.
+                Some(None) => {
+                    // SAFETY: no pointers.
+                    unsafe {
+                        libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize);
+                    }
+                    if !matches!(wait_stop(self.pid, tid), Some(Some(_))) {
+                        self.reached.retain(|&t| t != tid);
+                    }
+                    return false;
+                }
+                None => {
+                    self.reached.retain(|&t| t != tid);
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Stop `tids` too (those not held already), with their registers if
+    /// `regs`. Threads that exit meanwhile are skipped; one we may not
+    /// trace fails the call (those stopped so far stay held until drop).
+    pub fn add(&mut self, tids: &[i32], regs: bool) -> Result<()> {
+        block_sigchld();
+        let first = self.threads.len();
+        for &tid in tids {
+            if self.threads.iter().any(|t| t.0 == tid) {
+                continue;
+            }
+            if seize(self.pid, tid)? {
+                // Registered at once so that an error below still releases it.
+                self.threads.push((tid, None, 0));
+            }
+        }
+        // Interrupt all first, then wait: the threads stop in parallel.
+        for &(tid, _, _) in &self.threads[first..] {
+            // SAFETY: no pointers.
+            unsafe {
+                libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize);
+            }
+        }
+        for t in self.threads[first..].iter_mut() {
+            match wait_stop(self.pid, t.0) {
+                Some(Some(sig)) => {
+                    self.started.get_or_insert_with(Instant::now);
+                    self.reached.push(t.0);
+                    t.2 = sig;
+                    if regs {
+                        t.1 = get_regs(t.0);
+                    }
+                }
+                // Timed out: it is still seized and gets detached on drop.
+                Some(None) => {}
+                None => t.1 = None,
+            }
+        }
+        Ok(())
     }
 
     /// How long the target has been held so far (from its first thread's stop).
@@ -90,14 +192,13 @@ fn seize(pid: i32, tid: i32) -> Result<bool> {
     match err.raw_os_error() {
         // The thread exited since we listed it.
         Some(libc::ESRCH) => Ok(false),
-        Some(libc::EPERM) => {
-            let traced_by = tracer_of(pid, tid);
-            let hint = match traced_by {
+        Some(libc::EPERM) => Err(Error::CannotStop {
+            pid,
+            why: match tracer_of(pid, tid) {
                 Some(t) if t != 0 => format!("thread {tid} is already traced by pid {t} (a debugger or another profiler); detach it first"),
-                _ => format!("--native stops threads with ptrace: {}", permission_hint()),
-            };
-            Err(Error::PermissionDenied { pid, hint })
-        }
+                _ => format!("ptrace is not allowed: {}", permission_hint()),
+            },
+        }),
         _ => Err(Error::Io(err)),
     }
 }
@@ -186,32 +287,7 @@ fn get_regs(tid: i32) -> Option<Regs> {
 /// Stop every listed thread of `pid` and read their registers. Threads that
 /// exit meanwhile are skipped; one we may not trace fails the whole call.
 pub fn stop_threads(pid: i32, tids: &[i32]) -> Result<Stopped> {
-    block_sigchld();
-    let mut stopped = Stopped { threads: Vec::with_capacity(tids.len()), started: None };
-    for &tid in tids {
-        if seize(pid, tid)? {
-            // Registered at once so that an error below still releases it.
-            stopped.threads.push((tid, None, 0));
-        }
-    }
-    // Interrupt all first, then wait: the threads stop in parallel.
-    for &(tid, _, _) in &stopped.threads {
-        // SAFETY: no pointers.
-        unsafe {
-            libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize);
-        }
-    }
-    for t in stopped.threads.iter_mut() {
-        match wait_stop(pid, t.0) {
-            Some(Some(sig)) => {
-                stopped.started.get_or_insert_with(Instant::now);
-                t.2 = sig;
-                t.1 = get_regs(t.0);
-            }
-            // Timed out: it is still seized and gets detached on drop.
-            Some(None) => {}
-            None => t.1 = None,
-        }
-    }
+    let mut stopped = Stopped::none(pid);
+    stopped.add(tids, true)?;
     Ok(stopped)
 }

@@ -1,0 +1,227 @@
+//! One instant per snapshot, chosen before the stacks are looked at.
+//!
+//! A read of a running process is not atomic, and a snapshot that is re-read
+//! until it verifies lets the stacks choose the instant: short calls, which
+//! are what tears, vanish, and their callers take their time. So the instant
+//! is fixed first and every snapshot describes it:
+//!
+//! - Only the thread holding an interpreter's GIL can change a Python stack
+//!   (`python::gil`). If the GIL is held, that thread is stopped for the
+//!   length of the read (ptrace, a few microseconds) and the snapshot is of
+//!   the instant it stopped; the GIL's `last_holder`, read after everything
+//!   else, proves no other thread took the GIL meanwhile.
+//! - If the GIL is free, no thread runs Python and nothing needs stopping:
+//!   the snapshot is read while the target runs and re-read, and the GIL
+//!   words must not have moved either.
+//! - If the GIL changed hands under the read, the read is done again with
+//!   the new holder stopped too: that snapshot's instant moved by the few
+//!   microseconds of the first read (counted, as `moved`).
+//! - A thread can be stopped halfway through the few stores that push or
+//!   pop a frame (3.11–3.12 name a new `_PyCFrame` before filling it in):
+//!   its stack cannot be walked at that instant. It is then stepped on, a
+//!   machine instruction at a time, until the update is complete: the
+//!   instant moves by nanoseconds (counted, as `stepped`).
+//!
+//! `--nonblocking` never stops a thread: each tick is one read while the
+//! target runs, and a thread whose stack moved under it is recorded as torn
+//! (no frames), not read again.
+
+use std::time::Duration;
+
+use crate::attach::Attached;
+use crate::error::Result;
+use crate::process::memory::RemoteMemory;
+use crate::process::ptrace::Stopped;
+use crate::process::task_state;
+use crate::python::gil::{GilState, GilWords, gil_words, read_gils};
+use crate::python::snapshot::{Check, SnapshotNeeds, Snapshotter, Source};
+use crate::stack::ThreadStack;
+
+/// How a snapshot's instant is made one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Sampling {
+    /// Stop the GIL holder for the read (the default).
+    #[default]
+    Exact,
+    /// Never stop anything; a stack that moves while read is recorded as torn.
+    Nonblocking,
+}
+
+/// How the snapshots were obtained (per snapshot, i.e. per tick and process).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct AcquireStats {
+    /// Read while the GIL holder was held stopped.
+    pub stopped: u64,
+    /// Read while the target ran and no thread held the GIL.
+    pub gil_free: u64,
+    /// Of those, read again because the GIL changed hands under the first
+    /// read: their instant is a few microseconds later than the tick's.
+    pub moved: u64,
+    /// Of the stopped ones, read again after stepping the held thread a few
+    /// instructions out of a half-done frame update.
+    pub stepped: u64,
+    /// `--nonblocking`: read while the target ran, whatever it did.
+    pub lock_free: u64,
+    /// Thread stacks that moved while read (`--nonblocking` only).
+    pub torn: u64,
+    /// Time the target had a thread held stopped, in total and at most.
+    pub pause: Duration,
+    pub pause_max: Duration,
+}
+
+impl AcquireStats {
+    pub fn add(&mut self, o: &AcquireStats) {
+        self.stopped += o.stopped;
+        self.gil_free += o.gil_free;
+        self.moved += o.moved;
+        self.stepped += o.stepped;
+        self.lock_free += o.lock_free;
+        self.torn += o.torn;
+        self.pause += o.pause;
+        self.pause_max = self.pause_max.max(o.pause_max);
+    }
+}
+
+/// Rounds of "the GIL moved: stop its new holder too" before every thread
+/// of the process is stopped instead.
+const MAX_ROUNDS: usize = 3;
+
+/// Instructions a held thread is stepped at most, in doubling bursts, to
+/// finish a half-done frame update (a push is a few dozen).
+const MAX_STEPS: u32 = 1024;
+
+#[derive(Default)]
+pub struct Freezer {
+    pub sampling: Sampling,
+    words: Vec<GilWords>,
+    gils: Vec<GilState>,
+    ranges: Vec<(u64, usize)>,
+    buf: Vec<u8>,
+    fixed: Vec<(u64, u64)>,
+    tids: Vec<i32>,
+    /// Threads that were on a CPU just before they were stopped (a stopped
+    /// thread reads as 't', not 'R').
+    running: Vec<i32>,
+    pub stats: AcquireStats,
+}
+
+impl Freezer {
+    pub fn new(sampling: Sampling) -> Freezer {
+        Freezer { sampling, ..Freezer::default() }
+    }
+
+    /// One snapshot of every thread, at one instant (see the module header).
+    pub fn snapshot(&mut self, a: &Attached, python: &mut Snapshotter, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
+        let src = Source { mem: &a.mem, interp: &a.interp, target: Some(&a.target) };
+        if self.sampling == Sampling::Nonblocking {
+            let threads = python.snapshot(src, needs, Check::LOCK_FREE)?;
+            self.stats.lock_free += 1;
+            self.stats.torn += threads.iter().filter(|t| t.torn).count() as u64;
+            return Ok(threads);
+        }
+        self.read_gils(a, python)?;
+        if !self.gils.iter().any(GilState::held) {
+            // Nobody runs Python: read while the target runs, and prove with
+            // the re-read that nobody started to.
+            self.fixed.clear();
+            for (w, g) in self.words.iter().zip(&self.gils) {
+                self.fixed.push((w.holder, g.holder));
+                self.fixed.push((w.locked_word(), g.locked_word));
+            }
+            let threads = python.snapshot(src, needs, Check { frozen: false, fixed: &self.fixed })?;
+            if python.fixed_held() && !threads.iter().any(|t| t.torn) {
+                self.stats.gil_free += 1;
+                return Ok(threads);
+            }
+            python.recycle(threads);
+            self.stats.moved += 1;
+            self.read_gils(a, python)?;
+        }
+        self.stopped_snapshot(a, python, needs)
+    }
+
+    /// The GILs of the interpreters the last snapshot saw (the runtime's
+    /// first one before any).
+    fn read_gils(&mut self, a: &Attached, python: &Snapshotter) -> Result<()> {
+        let o = &a.interp.offsets;
+        let first;
+        let interps = match python.interpreters() {
+            [] => {
+                first = [a.mem.read_u64(a.interp.runtime + o.runtime.interpreters_head)?];
+                &first[..]
+            }
+            some => some,
+        };
+        gil_words(o, a.interp.runtime, interps, &mut self.words);
+        read_gils(&a.mem, &self.words, &mut self.ranges, &mut self.buf, &mut self.gils)
+    }
+
+    /// Stop each GIL's last holder, read, and check no other thread took a
+    /// GIL meanwhile; if one did, stop it too and read again.
+    fn stopped_snapshot(&mut self, a: &Attached, python: &mut Snapshotter, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
+        let pid = a.target.pid;
+        let src = Source { mem: &a.mem, interp: &a.interp, target: Some(&a.target) };
+        let mut stopped = Stopped::none(pid);
+        self.running.clear();
+        for round in 0..=MAX_ROUNDS {
+            self.tids.clear();
+            let mut all = round == MAX_ROUNDS;
+            for g in &self.gils {
+                if g.holder == 0 {
+                    continue;
+                }
+                match python.thread_ids().iter().find(|t| t.0 == g.holder).and_then(|t| t.1) {
+                    Some(tid) => self.tids.push(tid as i32),
+                    // A thread state the last snapshot did not have (new, or
+                    // the first tick): its thread is not known.
+                    None => all = true,
+                }
+            }
+            if all {
+                self.tids = a.target.threads();
+            }
+            self.tids.retain(|t| !stopped.holds(*t));
+            if needs.on_cpu {
+                self.running.extend(self.tids.iter().copied().filter(|&t| task_state(pid, t) == Some('R')));
+            }
+            stopped.add(&self.tids, false)?;
+            self.fixed.clear();
+            if !all {
+                self.fixed.extend(self.words.iter().zip(&self.gils).map(|(w, g)| (w.holder, g.holder)));
+            }
+            let mut threads = python.snapshot(src, needs, Check { frozen: true, fixed: &self.fixed })?;
+            let (mut burst, mut steps) = (1u32, 0u32);
+            while python.fixed_held() && steps < MAX_STEPS {
+                let half_done: Vec<i32> =
+                    threads.iter().filter(|t| t.torn).filter_map(|t| t.native_id).map(|n| n as i32).filter(|&t| stopped.holds(t)).collect();
+                if half_done.is_empty() {
+                    break;
+                }
+                if !half_done.iter().all(|&t| stopped.step(t, burst)) {
+                    break;
+                }
+                steps += burst;
+                burst *= 2;
+                python.recycle(threads);
+                threads = python.snapshot(src, needs, Check { frozen: true, fixed: &self.fixed })?;
+            }
+            self.stats.stepped += u64::from(steps > 0);
+            if python.fixed_held() {
+                for t in threads.iter_mut() {
+                    if let Some(tid) = t.native_id.filter(|&n| stopped.holds(n as i32)) {
+                        t.on_cpu = needs.on_cpu && self.running.contains(&(tid as i32));
+                    }
+                }
+                self.stats.stopped += 1;
+                let held = stopped.held();
+                self.stats.pause += held;
+                self.stats.pause_max = self.stats.pause_max.max(held);
+                return Ok(threads);
+            }
+            python.recycle(std::mem::take(&mut threads));
+            self.stats.moved += u64::from(round == 0);
+            self.read_gils(a, python)?;
+        }
+        unreachable!("the last round stops every thread and checks nothing")
+    }
+}
