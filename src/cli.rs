@@ -21,7 +21,7 @@ use crate::sampler::{Mode, SamplingConfig};
 pub const MAX_RATE_HZ: f64 = 1_000_000.0;
 
 #[derive(Parser, Debug)]
-#[command(name = "pyprof", version, about = "Sampling profiler for CPython 3.8-3.15 that never stops the target")]
+#[command(name = "pyprof", version, about = "Sampling profiler for CPython 3.8-3.15: exact stacks, microsecond pauses")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

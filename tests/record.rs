@@ -345,3 +345,52 @@ fn samples_inside_trace_hooks_are_kept() {
         }
     });
 }
+
+/// Every tick gives one sample per thread, and the profile says how each
+/// was taken: exact (the GIL holder held for microseconds, counted in
+/// `meta.sampling`), or with --nonblocking never stopped, a stack that
+/// moved under the read counted under `[stack moved while read]`, not
+/// read again and not dropped.
+#[test]
+fn sampling_is_reported_and_nonblocking_counts_torn_stacks() {
+    let _serial = heavy();
+    let torn_total = std::sync::Mutex::new(0u64);
+    for_each_interpreter(|py| {
+        let target = py.spawn("churn.py", &[]);
+        let dir = temp_dir("sampling");
+        for nonblocking in [false, true] {
+            let out_path = dir.join(format!("p{nonblocking}.json"));
+            let mut args = vec!["--pid".to_string(), target.pid().to_string(), "-r".into(), "2k".into(), "-d".into(), "1".into(), "-q".into()];
+            args.extend(["-o".into(), out_path.to_str().unwrap().into()]);
+            if nonblocking {
+                args.push("--nonblocking".into());
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = record(&args);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let p = read_profile(&out_path);
+            let s = &p.meta.sampling;
+            let torn: u64 =
+                p.stacks.iter().filter(|st| st.frames.iter().any(|&f| p.frames[f as usize].function == pyprof::sampler::TORN)).map(|st| st.count).sum();
+            let label = format!("{} nonblocking={nonblocking}: {s:?}, {} samples", py.label, p.meta.samples);
+            // One Python thread: a snapshot per tick, a sample per snapshot.
+            assert!(p.meta.errors.is_empty(), "{label}: errors {:?}", p.meta.errors);
+            if nonblocking {
+                assert_eq!(s.method, "nonblocking", "{label}");
+                assert_eq!((s.stopped, s.gil_free, s.paused_us_total), (0, 0, 0.0), "{label}");
+                assert_eq!(s.lock_free, p.meta.samples, "{label}");
+                assert_eq!(s.torn, torn, "{label}: torn samples counted, and recorded under the marker");
+                *torn_total.lock().unwrap() += torn;
+            } else {
+                assert_eq!(s.method, "exact", "{label}");
+                assert_eq!(s.stopped + s.gil_free, p.meta.samples, "{label}");
+                assert!(s.stopped > 0 && s.paused_us_total > 0.0 && s.paused_us_max > 0.0, "{label}: a spinning holder is held");
+                assert_eq!((s.torn, torn), (0, 0), "{label}: an exact snapshot never tears");
+            }
+            assert!(p.meta.samples >= 1800, "{label}: about 2000 ticks, every one a sample");
+        }
+    });
+    // This target's stack changes every microsecond: read without stopping,
+    // it does tear (3.8-3.10 read each frame object on its own).
+    assert!(*torn_total.lock().unwrap() > 0, "no torn sample anywhere: --nonblocking proves nothing here");
+}
