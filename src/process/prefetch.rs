@@ -85,6 +85,8 @@ struct State {
     tail: Vec<(u64, u64)>,
     /// The latest value read of each tail word before this sample began.
     tail_before: Vec<(u64, u64)>,
+    /// (address, value) of the `last` words of this sample's first call.
+    last: Vec<(u64, u64)>,
 }
 
 /// One phase's plan as the iovecs that read it: ranges on the same or
@@ -129,12 +131,15 @@ pub struct PrefetchStats {
 impl Prefetcher {
     /// Read this sample's plan in one call. Ranges the target no longer maps are
     /// simply not served (reads there go to the kernel and fail normally).
-    pub fn begin(&mut self, mem: &dyn RemoteMemory) {
+    /// `last` words are read at the very end of that call (see
+    /// [`Self::last_words`]).
+    pub fn begin(&mut self, mem: &dyn RemoteMemory, last: &[u64]) {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
         st.seen.iter_mut().for_each(Vec::clear);
         st.held.iter_mut().for_each(Vec::clear);
         st.fault = None;
+        st.last.clear();
         for (a, v) in st.tail.drain(..) {
             match st.tail_before.iter_mut().find(|w| w.0 == a) {
                 Some(w) => w.1 = v,
@@ -146,13 +151,13 @@ impl Prefetcher {
             coalesce(plan, p, &mut self.iovs);
         }
         let tail_at = self.iovs.iter().map(|&(s, e, _)| (e - s) as usize).sum::<usize>();
-        st.data.resize(tail_at + 8 * self.tail.len(), 0);
+        st.data.resize(tail_at + 8 * (self.tail.len() + last.len()), 0);
         if st.data.is_empty() {
             self.first_call.set(mem.calls());
             return;
         }
         self.ranges.clear();
-        self.ranges.extend(self.iovs.iter().map(|&(s, e, _)| (s, (e - s) as usize)).chain(self.tail.iter().map(|&a| (a, 8))));
+        self.ranges.extend(self.iovs.iter().map(|&(s, e, _)| (s, (e - s) as usize)).chain(self.tail.iter().chain(last).map(|&a| (a, 8))));
         let got = mem.read_scatter(&self.ranges, &mut st.data);
         // Ranges arrive in order up to the first fault: keep the ones that
         // arrived whole.
@@ -173,6 +178,10 @@ impl Prefetcher {
         if st.fault.is_none() {
             let words = (left / 8).min(self.tail.len());
             st.tail.extend(self.tail[..words].iter().enumerate().map(|(i, &a)| (a, field_u64(&st.data, tail_at + 8 * i))));
+            if left / 8 == self.tail.len() + last.len() {
+                let at = tail_at + 8 * self.tail.len();
+                st.last.extend(last.iter().enumerate().map(|(i, &a)| (a, field_u64(&st.data, at + 8 * i))));
+            }
         }
         st.data.truncate(tail_at);
     }
@@ -194,6 +203,19 @@ impl Prefetcher {
     /// all of the plan; None if it was not read whole.
     pub fn tail_word(&self, addr: u64) -> Option<u64> {
         self.state.borrow().tail.iter().find(|w| w.0 == addr).map(|w| w.1)
+    }
+
+    /// The `last` words of [`Self::begin`] as its call read them, after
+    /// everything else in it; empty if they did not arrive. They are the last
+    /// bytes of the sample read if nothing was read after that call
+    /// ([`Self::read_after_first_call`]).
+    pub fn last_words(&self) -> std::cell::Ref<'_, [(u64, u64)]> {
+        std::cell::Ref::map(self.state.borrow(), |st| st.last.as_slice())
+    }
+
+    /// Whether anything was read from `mem` since this sample's first call.
+    pub fn read_after_first_call(&self, mem: &dyn RemoteMemory) -> bool {
+        mem.calls() != self.first_call.get()
     }
 
     /// When this sample's first call read its tail words.
@@ -390,7 +412,7 @@ mod tests {
     /// One sample: begin, read each address (8 bytes) through the view, end.
     /// Returns the values read and whether each read was a hit.
     fn sample(pf: &mut Prefetcher, mem: &dyn RemoteMemory, addrs: &[u64]) -> Vec<(u64, bool)> {
-        pf.begin(mem);
+        pf.begin(mem, &[]);
         let out = addrs
             .iter()
             .map(|&a| {
