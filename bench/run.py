@@ -266,16 +266,16 @@ class Profiler:
 class PyProf(Profiler):
     exe = PYPROF   # replaced by a private copy for the run (see snapshot_pyprof)
 
-    def __init__(self, native=False):
-        self.native = native
-        self.name = "pyprof --native" if native else "pyprof"
+    def __init__(self, native=False, nonblocking=False):
+        self.native, self.nonblocking = native, nonblocking
+        self.name = "pyprof --native" if native else "pyprof --nonblocking" if nonblocking else "pyprof"
 
     def command(self, target, rate, secs, out):
-        # No -q: the summary line reports reads per tick (and, with --native,
-        # how long the target was held).
+        # No -q: the summary lines report reads per tick and how the samples
+        # were taken (how long the target was held, or how many stacks moved).
         cmd = [PyProf.exe, "record", "--pid", str(target.pid), "-r", str(rate), "-d", str(secs),
                "-o", out["host"] + ".json"]
-        return cmd + (["--native"] if self.native else [])
+        return cmd + (["--native"] if self.native else []) + (["--nonblocking"] if self.nonblocking else [])
 
     def parse(self, out, run):
         with open(out["host"] + ".json") as f:
@@ -288,6 +288,23 @@ class PyProf(Profiler):
         m = re.search(r"native: \d+ stacks, ([\d.]+)% merged.*held (\d+) µs per sample on average \((\d+) µs at most\)", run["log"])
         if m:
             res.update({"merged_pct": float(m.group(1)), "pause_us": float(m.group(2)), "pause_max_us": float(m.group(3))})
+        # Exact mode: "sampling: exact; N of M snapshots held the GIL holder still
+        # (X µs per snapshot on average, Y µs at most), ..." -- X is the mean over
+        # the N snapshots that held a thread.
+        m = re.search(r"sampling: exact; (\d+) of (\d+) snapshots held the GIL holder still "
+                      r"\(([\d.]+) µs per snapshot on average, ([\d.]+) µs at most\)", run["log"])
+        if m:
+            res.update({"held_snapshots": int(m.group(1)), "snapshots": int(m.group(2)),
+                        "pause_us": float(m.group(3)), "pause_max_us": float(m.group(4))})
+        # --nonblocking: "sampling: never stopped the target; N thread samples moved
+        # while read and are counted as torn".
+        m = re.search(r"sampling: never stopped the target; (\d+) thread samples moved while read", run["log"])
+        if m:
+            res["torn"] = int(m.group(1))
+            if meta["samples"]:
+                res["torn_pct"] = 100.0 * int(m.group(1)) / meta["samples"]
+        if meta.get("sampling"):
+            res["sampling"] = meta["sampling"]   # the same counts, from the profile's meta
         return res
 
 
@@ -420,8 +437,12 @@ class Austin(Profiler):
 
 
 class Tachyon(Profiler):
-    """CPython 3.15's own sampler, run inside the chroot, joined to the target's mount ns."""
-    name = "tachyon"
+    """CPython 3.15's own sampler, run inside the chroot, joined to the target's mount ns.
+    blocking: its --blocking (ptrace-stops every thread of the target for each sample)."""
+
+    def __init__(self, blocking=False):
+        self.blocking = blocking
+        self.name = "tachyon --blocking" if blocking else "tachyon"
 
     def supports(self, py, rate):
         return py.label == "3.15"
@@ -430,8 +451,8 @@ class Tachyon(Profiler):
         if not target.private_proc:
             raise Skip("target not in a private mount namespace (unshare failed): /proc is not visible in the chroot")
         return ["nsenter", "-t", str(target.pid), "-m", "--", "chroot", SID,
-                "python3.15", "-m", "profiling.sampling", "attach", "-r", str(rate), "-d", str(secs),
-                "--collapsed", "-o", out["inner"] + ".txt", str(target.pid)]
+                "python3.15", "-m", "profiling.sampling", "attach", "-r", str(rate), "-d", str(secs)] + \
+            (["--blocking"] if self.blocking else []) + ["--collapsed", "-o", out["inner"] + ".txt", str(target.pid)]
 
     def parse(self, out, run):
         samples = collapsed_samples(out["host"] + ".txt")
@@ -799,7 +820,7 @@ def matrix(args, tmp):
             profs.append(PySpy(blocking=True, native=True))
     for name in ([] if args.native else args.profilers.split(",")):
         if name == "pyprof":
-            profs.append(PyProf())
+            profs += [PyProf(), PyProf(nonblocking=True)]
         elif name == "py-spy":
             if os.path.exists(os.path.join(TOOLS, "py-spy")):
                 profs += [PySpy(blocking=False), PySpy(blocking=True)]
@@ -814,7 +835,7 @@ def matrix(args, tmp):
                     log("austin runs via %s" % a.via)
                 profs.append(a)
         elif name == "tachyon":
-            profs.append(Tachyon())
+            profs += [Tachyon(), Tachyon(blocking=True)]
         elif name == "sleeper":
             exe, why = build_sleeper(tmp)
             if exe:
