@@ -44,6 +44,7 @@ bench/results/latest.json (memory scenario: bench/results/memory.json;
 explains every column and how it is measured.
 """
 import argparse
+import collections
 import ctypes
 import datetime
 import glob
@@ -405,7 +406,6 @@ def read_mojo(data):
     A stack event starts a thread sample; frame events (3) and string events
     (11) only define a frame or a string under a key; the frames of the sample
     are the frame references (5) that follow, root first, then its metrics."""
-    import collections
     if data[:3] != b"MOJ":
         raise ValueError("not a MOJO file")
     pos = 3
@@ -571,7 +571,6 @@ class Tachyon(Profiler):
     def stacks(self, out, run):
         # --collapsed lines: "tid:N;file.py:function:line;... count", root first;
         # Tachyon's own markers (<GC>, <native>) are one bare name.
-        import collections
         stacks = collections.Counter()
         with open(out["host"] + ".txt", encoding="utf-8", errors="replace") as f:
             for line in f:
