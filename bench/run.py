@@ -64,6 +64,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True   # no bench/__pycache__ left in the work tree
 import accuracy  # noqa: E402  (bench/accuracy.py: the stack parsers and share helpers)
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
