@@ -4,7 +4,7 @@
     python3 bench/run.py                 # full matrix, ~5 s per measurement
     python3 bench/run.py --quick         # 2 s per measurement
     python3 bench/run.py --memory        # pyprof memory scenario only (see --memory-secs)
-    python3 bench/run.py --accuracy-only # the accuracy scenario only (~2 min per python)
+    python3 bench/run.py --accuracy-only # the accuracy scenario only (2-3 min per python)
 
 Builds nothing: it needs target/release/pyprof (`cargo build --release`), and
 py-spy / Austin / the sid chroot from scripts/setup-fixtures.sh (under
@@ -33,9 +33,9 @@ to back too (not copied from 10 kHz). Stacks come from each tool's own output:
 pyprof's JSON; py-spy's raw output (collapsed stacks); Austin 4's binary MOJO,
 decoded by read_mojo below (Austin 4 has no text output), counted per stack
 event like the others' samples (the time-weighted shares are in the JSON);
-Tachyon's --collapsed output. The sleeper control takes no stacks ("-"), as has
-any tool that failed (Austin cannot attach to 3.15: "Cannot determine the
-version of the Python interpreter").
+Tachyon's --collapsed output. The sleeper control takes no stacks, so its
+column is "-", as is that of a tool that failed (Austin cannot attach to 3.15:
+"Cannot determine the version of the Python interpreter").
 
 Prints one aligned table (and the accuracy scenario's own table, with every
 share and the reference per python) and writes the same rows as JSON to
