@@ -4,16 +4,47 @@
     python3 bench/run.py                 # full matrix, ~5 s per measurement
     python3 bench/run.py --quick         # 2 s per measurement
     python3 bench/run.py --memory        # pyprof memory scenario only (see --memory-secs)
+    python3 bench/run.py --accuracy-only # the accuracy scenario only (2-3 min per python)
 
 Builds nothing: it needs target/release/pyprof (`cargo build --release`), and
 py-spy / Austin / the sid chroot from scripts/setup-fixtures.sh (under
 $PYPROF_CACHE, default ~/.cache/pyprof). Missing peers are skipped with a note.
 
-Prints one aligned table and writes the same rows as JSON to
-bench/results/latest.json (memory scenario: bench/results/memory.json).
-docs/performance.md explains every column and how it is measured.
+Rows: pyprof (exact: the GIL holder held still for each read) and
+pyprof --nonblocking (never stops the target; stacks that moved under the read
+are counted under "[stack moved while read]"), py-spy --nonblocking and py-spy
+(its default, ptrace-stops the target for each sample), Austin, and on 3.15
+Tachyon and tachyon --blocking (stops every thread for each sample).
+
+Accuracy scenario (the "share error pp" column; after each python's cost rows,
+or alone with --accuracy-only; --no-accuracy leaves it out): one
+tests/scripts/short_calls.py process (`t += f(g(p))` in `loop`, two calls well
+under a microsecond) per python, recorded in turn by py-spy's default mode at
+1 kHz (the reference: each of its samples is one instant), then by every
+profiler at every requested rate, then by py-spy at 1 kHz again. The reference
+shares are the mean of the two py-spy runs; their gap (the largest difference
+of the three shares) is printed as the noise floor. A row's share error is the
+largest |share - reference| of the leaf-function shares loop, g and f, in
+percentage points, where a share is the % of ALL the tool's samples whose
+innermost frame is that function: a torn sample ("[stack moved while read]"),
+an empty or an unreadable stack counts as none of the three, i.e. lowers the
+shares the way it would mislead a user. The 1000000 Hz rows are measured back
+to back too (not copied from 10 kHz). Stacks come from each tool's own output:
+pyprof's JSON; py-spy's raw output (collapsed stacks); Austin 4's binary MOJO,
+decoded by read_mojo below (Austin 4 has no text output), counted per stack
+event like the others' samples (the time-weighted shares are in the JSON);
+Tachyon's --collapsed output. The sleeper control takes no stacks, so its
+column is "-", as is that of a tool that failed (Austin cannot attach to 3.15:
+"Cannot determine the version of the Python interpreter").
+
+Prints one aligned table (and the accuracy scenario's own table, with every
+share and the reference per python) and writes the same rows as JSON to
+bench/results/latest.json (memory scenario: bench/results/memory.json;
+--accuracy-only: bench/results/latest-accuracy.json). docs/performance.md
+explains every column and how it is measured.
 """
 import argparse
+import collections
 import ctypes
 import datetime
 import glob
@@ -32,10 +63,15 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True   # no bench/__pycache__ left in the work tree
+import accuracy  # noqa: E402  (bench/accuracy.py: the stack parsers and share helpers)
+
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
 PYPROF = os.path.join(REPO, "target", "release", "pyprof")
 TARGET_SCRIPT = os.path.join(BENCH, "target.py")
+SHORT_CALLS = os.path.join(REPO, "tests", "scripts", "short_calls.py")
 CACHE = os.environ.get("PYPROF_CACHE") or os.path.expanduser("~/.cache/pyprof")
 TOOLS = os.path.join(CACHE, "tools", "bin")
 SID = os.path.join(CACHE, "sid")
@@ -104,27 +140,31 @@ def find_pythons(wanted, private_proc):
 
 
 class Target:
-    """A running bench/target.py. snapshot() -> (work units done, monotonic ns)."""
+    """A running bench/target.py (kind "cpu" or "memory"), or with kind
+    "short_calls" tests/scripts/short_calls.py (the accuracy scenario; it
+    answers no SIGUSR1, so never call snapshot() on it).
+    snapshot() -> (work units done, monotonic ns)."""
 
     def __init__(self, py, kind, arg, workdir, private_proc):
         self.py = py
         self.private_proc = False
+        script, script_args = (SHORT_CALLS, []) if kind == "short_calls" else (TARGET_SCRIPT, [kind, str(arg)])
         if py.chroot:
             # The script lives inside the chroot. With private_proc the target runs in
             # its own mount namespace where /proc is mounted inside the chroot, so that
             # Tachyon (which runs chrooted) can join it with nsenter and read /proc;
             # the host (and every other user of the chroot) sees no mount.
-            inner = os.path.join(workdir["chroot_inner"], "target.py")
-            shutil.copy(TARGET_SCRIPT, os.path.join(SID, inner.lstrip("/")))
+            inner = os.path.join(workdir["chroot_inner"], os.path.basename(script))
+            shutil.copy(script, os.path.join(SID, inner.lstrip("/")))
             if private_proc:
                 self.private_proc = True
                 cmd = ["unshare", "-m", "sh", "-c",
-                       'mount -t proc proc "$0/proc" && exec chroot "$0" python3.15 "$1" "$2" "$3"',
-                       SID, inner, kind, str(arg)]
+                       'mount -t proc proc "$0/proc" && exec chroot "$0" python3.15 "$@"',
+                       SID, inner] + script_args
             else:
-                cmd = ["chroot", SID, "python3.15", inner, kind, str(arg)]
+                cmd = ["chroot", SID, "python3.15", inner] + script_args
         else:
-            cmd = [py.exe, TARGET_SCRIPT, kind, str(arg)]
+            cmd = [py.exe, script] + script_args
         self.cmd = cmd
         self.lines = queue.Queue()
         self.stderr = open(os.path.join(workdir["host"], "target-%s-%s-%s.err" % (py.label, kind, arg)), "w")
@@ -258,6 +298,7 @@ class Profiler:
     """name; supports(py, rate); command(...) -> argv; parse(...) -> dict(samples, seconds, notes)."""
 
     name = ""
+    has_stacks = True   # stacks(out, run) -> Counter of stacks for the accuracy scenario
 
     def supports(self, py, rate):
         return True
@@ -266,16 +307,16 @@ class Profiler:
 class PyProf(Profiler):
     exe = PYPROF   # replaced by a private copy for the run (see snapshot_pyprof)
 
-    def __init__(self, native=False):
-        self.native = native
-        self.name = "pyprof --native" if native else "pyprof"
+    def __init__(self, native=False, nonblocking=False):
+        self.native, self.nonblocking = native, nonblocking
+        self.name = "pyprof --native" if native else "pyprof --nonblocking" if nonblocking else "pyprof"
 
     def command(self, target, rate, secs, out):
-        # No -q: the summary line reports reads per tick (and, with --native,
-        # how long the target was held).
+        # No -q: the summary lines report reads per tick and how the samples
+        # were taken (how long the target was held, or how many stacks moved).
         cmd = [PyProf.exe, "record", "--pid", str(target.pid), "-r", str(rate), "-d", str(secs),
                "-o", out["host"] + ".json"]
-        return cmd + (["--native"] if self.native else [])
+        return cmd + (["--native"] if self.native else []) + (["--nonblocking"] if self.nonblocking else [])
 
     def parse(self, out, run):
         with open(out["host"] + ".json") as f:
@@ -288,7 +329,29 @@ class PyProf(Profiler):
         m = re.search(r"native: \d+ stacks, ([\d.]+)% merged.*held (\d+) µs per sample on average \((\d+) µs at most\)", run["log"])
         if m:
             res.update({"merged_pct": float(m.group(1)), "pause_us": float(m.group(2)), "pause_max_us": float(m.group(3))})
+        # Exact mode: "sampling: exact; N of M snapshots held the GIL holder still
+        # (X µs per snapshot on average, Y µs at most), ..." -- X is the mean over
+        # the N snapshots that held a thread.
+        m = re.search(r"sampling: exact; (\d+) of (\d+) snapshots held the GIL holder still "
+                      r"\(([\d.]+) µs per snapshot on average, ([\d.]+) µs at most\)", run["log"])
+        if m:
+            res.update({"held_snapshots": int(m.group(1)), "snapshots": int(m.group(2)),
+                        "pause_us": float(m.group(3)), "pause_max_us": float(m.group(4))})
+        # --nonblocking: "sampling: never stopped the target; N thread samples moved
+        # while read and are counted as torn".
+        m = re.search(r"sampling: never stopped the target; (\d+) thread samples moved while read", run["log"])
+        if m:
+            res["torn"] = int(m.group(1))
+            if meta["samples"]:
+                res["torn_pct"] = 100.0 * int(m.group(1)) / meta["samples"]
+        if meta.get("sampling"):
+            res["sampling"] = meta["sampling"]   # the same counts, from the profile's meta
         return res
+
+    def stacks(self, out, run):
+        # The torn samples are Python-kind frames named "[stack moved while read]",
+        # so they stay in, as leaves that are not loop/g/f.
+        return accuracy.parse_pyprof_json(out["host"] + ".json")[0]
 
 
 class PySpy(Profiler):
@@ -323,9 +386,27 @@ class PySpy(Profiler):
         return {"samples": samples, "seconds": run["t_exit"] - start, "errors": errors, "notes": notes,
                 "startup_secs": round(start - run["t0"], 3)}
 
+    def stacks(self, out, run):
+        # raw frames are "function (file:line)", root first; py-spy 0.4.3 shows
+        # CPython 3.13+'s "__init__" trampoline frame, which is never a leaf here.
+        return accuracy.drop_shims(accuracy.parse_collapsed(out["host"] + ".txt"))
 
-def parse_mojo(data):
-    """Austin 4's binary MOJO v3 output -> (metadata dict, number of stack events)."""
+
+def read_mojo(data):
+    """Austin 4's binary MOJO v3 output -> (metadata dict, stacks, time_weighted).
+
+    stacks and time_weighted are collections.Counter of stacks, each a tuple of
+    (function, file) pairs root first, the way bench/accuracy.py keeps them:
+    stacks counts stack events (one per thread per sample), time_weighted sums
+    each event's time metric (µs, what Austin's own tools weigh a stack by).
+
+    The format as Austin 4 writes it: "MOJ", a version number, then events,
+    each one byte of type and its fields. Numbers are variable-length: the
+    first byte holds 6 bits, a sign bit (0x40) and a continuation bit (0x80),
+    each further byte 7 bits and a continuation bit. Strings end in NUL.
+    A stack event starts a thread sample; frame events (3) and string events
+    (11) only define a frame or a string under a key; the frames of the sample
+    are the frame references (5) that follow, root first, then its metrics."""
     if data[:3] != b"MOJ":
         raise ValueError("not a MOJO file")
     pos = 3
@@ -350,30 +431,62 @@ def parse_mojo(data):
         return s
 
     integer()  # version
-    meta, stacks = {}, 0
+    meta, strings, frames = {}, {}, {}
+    stacks, time_weighted = collections.Counter(), collections.Counter()
+    current, weight = None, 0
+
+    def flush():
+        if current is not None:
+            stack = tuple(current)
+            stacks[stack] += 1
+            time_weighted[stack] += weight
+
     while pos < len(data):
         ev = data[pos]
         pos += 1
         if ev == 1:      # metadata: key, value
             k = string()
             meta[k] = string()
-        elif ev == 2:    # stack: pid, iid, tid
+        elif ev == 2:    # stack: pid, iid, thread id; starts a new thread sample
             integer(); integer(); string()
-            stacks += 1
-        elif ev == 3:    # frame: key, filename ref, scope ref, line, line_end, col, col_end
-            for _ in range(7):
+            flush()
+            current, weight = [], 0
+        elif ev == 3:    # frame definition: key, filename ref, scope ref, line, line_end, col, col_end
+            key, file_ref, scope_ref = integer(), integer(), integer()
+            for _ in range(4):
                 integer()
-        elif ev in (4, 7, 8):  # invalid frame, gc, idle: no payload
+            frames[key] = (file_ref, scope_ref)
+        elif ev == 4:    # invalid frame: one frame of the sample Austin could not read
+            if current is not None:
+                current.append(("INVALID", ""))
+        elif ev == 5:    # frame reference: the next frame of the sample
+            key = integer()
+            file_ref, scope_ref = frames.get(key, (None, None))
+            if current is not None:
+                current.append((strings.get(scope_ref, "?"), strings.get(file_ref, "?")))
+        elif ev in (7, 8):  # gc, idle: flags of the sample, no payload
             pass
-        elif ev in (5, 9, 10, 12):  # frame ref, time, memory, string ref
+        elif ev == 9:    # time metric (µs)
+            weight += integer()
+        elif ev in (10, 12):  # memory metric, string ref
             integer()
         elif ev == 6:    # kernel frame
-            string()
-        elif ev == 11:   # string: key, value
-            integer(); string()
+            name = string()
+            if current is not None:
+                current.append((name, "kernel"))
+        elif ev == 11:   # string definition: key, value
+            key = integer()
+            strings[key] = string()
         else:
             raise ValueError("unknown MOJO event %d at byte %d" % (ev, pos - 1))
-    return meta, stacks
+    flush()
+    return meta, stacks, time_weighted
+
+
+def parse_mojo(data):
+    """Austin 4's binary MOJO v3 output -> (metadata dict, number of stack events)."""
+    meta, stacks, _ = read_mojo(data)
+    return meta, sum(stacks.values())
 
 
 class Austin(Profiler):
@@ -418,10 +531,22 @@ class Austin(Profiler):
         return {"samples": stacks, "seconds": int(meta["duration"]) / 1e6, "errors": errors,
                 "sampling_us_min_avg_max": meta.get("sampling")}
 
+    def stacks(self, out, run):
+        # Counted per stack event, as py-spy and pyprof count samples (the
+        # time-weighted shares are in the accuracy rows' JSON too).
+        with open(out["host"] + ".mojo", "rb") as f:
+            _, stacks, timed = read_mojo(f.read())
+        run["time_weighted_stacks"] = timed
+        return stacks
+
 
 class Tachyon(Profiler):
-    """CPython 3.15's own sampler, run inside the chroot, joined to the target's mount ns."""
-    name = "tachyon"
+    """CPython 3.15's own sampler, run inside the chroot, joined to the target's mount ns.
+    blocking: its --blocking (ptrace-stops every thread of the target for each sample)."""
+
+    def __init__(self, blocking=False):
+        self.blocking = blocking
+        self.name = "tachyon --blocking" if blocking else "tachyon"
 
     def supports(self, py, rate):
         return py.label == "3.15"
@@ -430,8 +555,8 @@ class Tachyon(Profiler):
         if not target.private_proc:
             raise Skip("target not in a private mount namespace (unshare failed): /proc is not visible in the chroot")
         return ["nsenter", "-t", str(target.pid), "-m", "--", "chroot", SID,
-                "python3.15", "-m", "profiling.sampling", "attach", "-r", str(rate), "-d", str(secs),
-                "--collapsed", "-o", out["inner"] + ".txt", str(target.pid)]
+                "python3.15", "-m", "profiling.sampling", "attach", "-r", str(rate), "-d", str(secs)] + \
+            (["--blocking"] if self.blocking else []) + ["--collapsed", "-o", out["inner"] + ".txt", str(target.pid)]
 
     def parse(self, out, run):
         samples = collapsed_samples(out["host"] + ".txt")
@@ -444,6 +569,25 @@ class Tachyon(Profiler):
         return {"samples": samples, "seconds": seconds, "notes": notes,
                 "tool_reported_samples": int(m.group(1)) if m else None}
 
+    def stacks(self, out, run):
+        # --collapsed lines: "tid:N;file.py:function:line;... count", root first;
+        # Tachyon's own markers (<GC>, <native>) are one bare name.
+        stacks = collections.Counter()
+        with open(out["host"] + ".txt", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                line = line.rstrip("\n")
+                if not line.strip():
+                    continue
+                text, count = line.rsplit(" ", 1)
+                frames = []
+                for part in text.split(";"):
+                    if part.startswith("tid:"):
+                        continue
+                    bits = part.rsplit(":", 2)
+                    frames.append((bits[1], bits[0]) if len(bits) == 3 else (part, ""))
+                stacks[tuple(frames)] += int(count)
+        return stacks
+
 
 class Sleeper(Profiler):
     """The control: bench/sleeper.c on the profilers' CPU, waking at the same
@@ -451,6 +595,7 @@ class Sleeper(Profiler):
     sampler's timer next to the target costs on this machine (the host's
     scheduling of the VM's CPUs, shared caches): the yardstick for the others'."""
     name = "sleeper (control)"
+    has_stacks = False
 
     def __init__(self, exe):
         self.exe = exe
@@ -587,6 +732,16 @@ def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+def record_failure(row, run, e):
+    """A profiler left no output it could parse: say why in the row's note, from its log."""
+    tail = [l.strip() for l in run["log"].splitlines() if l.strip() and "\x1b" not in l]
+    why = next((l for l in tail if re.search(r"(?i)error|fail|cannot|unsupported|not supported|permission", l)),
+               tail[-1] if tail else str(e))
+    why = re.sub(r"^\W+", "", why).split(". ")[0]
+    row["note"] = "failed (rc %s): %s" % (run["rc"], why[:80])
+    row["log_tail"] = tail[-5:]
+
+
 def measure(prof, py, depth, target, rate, secs, base_before, tmp, seq):
     row = {"profiler": prof.name, "python": py.label, "depth": depth, "rate": rate,
            "duration_requested": secs}
@@ -607,12 +762,7 @@ def measure(prof, py, depth, target, rate, secs, base_before, tmp, seq):
     try:
         parsed = prof.parse(out, run)
     except Exception as e:  # no output: could not attach
-        tail = [l.strip() for l in run["log"].splitlines() if l.strip() and "\x1b" not in l]
-        why = next((l for l in tail if re.search(r"(?i)error|fail|cannot|unsupported|not supported|permission", l)),
-                   tail[-1] if tail else str(e))
-        why = re.sub(r"^\W+", "", why).split(". ")[0]
-        row["note"] = "failed (rc %s): %s" % (run["rc"], why[:80])
-        row["log_tail"] = tail[-5:]
+        record_failure(row, run, e)
         return row, base_after
     samples, seconds = parsed.pop("samples"), parsed.pop("seconds")
     notes = parsed.pop("notes", [])
@@ -640,6 +790,158 @@ def measure(prof, py, depth, target, rate, secs, base_before, tmp, seq):
     return row, base_after
 
 
+# --------------------------------------------------------------------------- accuracy scenario
+#
+# tests/scripts/short_calls.py runs `t += f(g(p))` in `loop`: two calls of well
+# under a microsecond each. A profiler's leaf shares loop/g/f on it are compared
+# with those of py-spy's default mode (it ptrace-stops the target for each
+# sample, so each of its samples is one instant), at 1 kHz, recorded on the same
+# target process just before and just after the profilers; the reference is the
+# mean of the two, their gap the noise floor.
+
+SHORT_FUNCS = accuracy.SHORT_CALL_FUNCS   # ("loop", "g", "f")
+REFERENCE_RATE = 1000
+
+
+def run_plain(prof, target, rate, secs, out):
+    """Launch prof against target for secs and wait for it (short_calls.py answers
+    no SIGUSR1, so no throughput windows); the same cap and SIGINT as run_one."""
+    cmd = prof.command(target, rate, secs, out)
+    logf = LineLog(out["host"] + ".log")
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         preexec_fn=pinned(PROFILER_CPU))
+    logf.pump(p.stdout)
+    cap = t0 + secs + max(5.0, secs)
+    interrupted = False
+    while True:
+        try:
+            p.wait(timeout=max(0.05, cap - time.monotonic()))
+            break
+        except subprocess.TimeoutExpired:
+            if not interrupted:
+                p.send_signal(signal.SIGINT)   # every peer writes its output on Ctrl-C
+                interrupted = True
+                cap += 10
+            else:
+                p.kill()
+                p.wait()
+                break
+    t_exit = time.monotonic()
+    run = {"wall": t_exit - t0, "log": logf.text(), "rc": p.returncode, "t0": t0, "t_exit": t_exit,
+           "first_line": logf.first}
+    p.stdout.close()
+    return run, interrupted
+
+
+def short_call_shares(stacks):
+    """({loop, g, f: % of all samples whose innermost frame is that function}, % other).
+    Every sample counts, so a torn one ("[stack moved while read]"), an empty or
+    an unreadable one lowers the three shares."""
+    leaves = {}
+    for stack, n in stacks.items():
+        leaf = stack[-1][0] if stack else "(no frame)"
+        leaves[leaf] = leaves.get(leaf, 0) + n
+    total = sum(leaves.values())
+    if not total:
+        return None, None
+    shares = {k: 100.0 * leaves.get(k, 0) / total for k in SHORT_FUNCS}
+    return shares, 100.0 * (total - sum(leaves.get(k, 0) for k in SHORT_FUNCS)) / total
+
+
+def max_gap(a, b):
+    return max(abs(a[k] - b[k]) for k in SHORT_FUNCS)
+
+
+def accuracy_one(prof, py, target, rate, secs, tmp, tag):
+    """One recording of short_calls.py: its samples, leaf shares, and pyprof's torn count."""
+    row = {"profiler": prof.name, "python": py.label, "rate": rate, "duration_requested": secs}
+    out = {"host": os.path.join(tmp["host"], tag), "inner": os.path.join(tmp["chroot_inner"], tag)}
+    try:
+        run, interrupted = run_plain(prof, target, rate, secs, out)
+    except Skip as e:
+        row["note"] = "skipped: %s" % e
+        return row
+    if py.chroot and isinstance(prof, Tachyon):
+        out = dict(out, host=os.path.join(SID, out["inner"].lstrip("/")))
+    row.update({"rc": run["rc"], "wall_secs": round(run["wall"], 3)})
+    try:
+        parsed = prof.parse(out, run)
+    except Exception as e:
+        record_failure(row, run, e)
+        return row
+    notes = parsed.get("notes", [])
+    row["samples"] = parsed["samples"]
+    row["achieved_hz"] = parsed["samples"] / parsed["seconds"] if parsed["seconds"] else float("nan")
+    for k in ("pause_us", "pause_max_us", "torn", "torn_pct", "errors"):
+        if parsed.get(k) is not None:
+            row[k] = parsed[k]
+    try:
+        stacks = prof.stacks(out, run)
+    except Exception as e:
+        row["note"] = "stacks not parsed: %s" % str(e)[:80]
+        return row
+    shares, other = short_call_shares(stacks)
+    if shares is None:
+        row["note"] = "no stacks in the output"
+        return row
+    row.update({"shares": shares, "other_pct": other, "stack_samples": sum(stacks.values())})
+    if run.get("time_weighted_stacks"):
+        row["shares_time_weighted"] = short_call_shares(run["time_weighted_stacks"])[0]
+    if interrupted:
+        notes.append("stopped by SIGINT after %.0fs" % run["wall"])
+    if notes:
+        row["note"] = "; ".join(notes)
+    return row
+
+
+def accuracy_scenario(py, profs, rates, secs, tmp, private_proc):
+    """Every profiler (except the sleeper, which takes no stacks) at every rate on one
+    short_calls.py process, bracketed by two py-spy reference recordings."""
+    res = {"python": py.label, "script": "tests/scripts/short_calls.py", "duration_per_run": secs,
+           "reference_profiler": "py-spy", "reference_rate": REFERENCE_RATE,
+           "reference_before": None, "reference_after": None, "rows": []}
+    ref = PySpy(blocking=True) if os.path.exists(os.path.join(TOOLS, "py-spy")) else None
+    if ref is None:
+        log("accuracy: no py-spy under %s, so no reference: shares only" % TOOLS)
+    try:
+        target = Target(py, "short_calls", None, tmp, private_proc)
+    except RuntimeError as e:
+        log(str(e))
+        res["note"] = "target failed to start"
+        return res
+    n = [0]
+
+    def one(prof, rate, what=""):
+        n[0] += 1
+        if target.proc.poll() is not None:
+            return {"profiler": prof.name, "python": py.label, "rate": rate, "note": "target exited"}
+        log("accuracy: %-22s python %-4s %7d Hz  %gs%s" % (prof.name, py.label, rate, secs, what))
+        return accuracy_one(prof, py, target, rate, secs, tmp, "acc-%s-%02d" % (py.label, n[0]))
+
+    try:
+        time.sleep(0.3)  # warm-up (3.12+ specialisation)
+        if ref:
+            res["reference_before"] = one(ref, REFERENCE_RATE, "  (reference, before)")
+        for rate in rates:
+            for prof in profs:
+                if prof.has_stacks and prof.supports(py, rate):
+                    res["rows"].append(one(prof, rate))
+        if ref:
+            res["reference_after"] = one(ref, REFERENCE_RATE, "  (reference, after)")
+    finally:
+        target.stop()
+    refs = [r["shares"] for r in (res["reference_before"], res["reference_after"]) if r and r.get("shares")]
+    if refs:
+        res["reference_shares"] = {k: sum(r[k] for r in refs) / len(refs) for k in SHORT_FUNCS}
+        if len(refs) == 2:
+            res["noise_floor_pp"] = max_gap(refs[0], refs[1])
+        for row in res["rows"]:
+            if row.get("shares"):
+                row["share_err_pp"] = max_gap(row["shares"], res["reference_shares"])
+    return res
+
+
 # --------------------------------------------------------------------------- output
 
 COLUMNS = [
@@ -651,6 +953,7 @@ COLUMNS = [
     ("cpu_us_per_sample", "CPU µs/sample", "%.1f"),
     ("cpu_s_per_1000_samples", "CPU s/1000 samples", "%.4f"),
     ("slowdown_pct", "target slowdown %", "%.1f"),
+    ("share_err_pp", "share error pp", "%.1f"),
     ("steady_cpu_us_per_sample", "steady CPU µs/sample", "%.1f"),
     ("syscalls_per_sample", "syscalls/sample", "%.2f"),
     ("readv_floor_us", "readv floor µs", "%.1f"),
@@ -668,16 +971,56 @@ def fmt(v, f):
     return f % v
 
 
-def table(rows):
-    cells = [[h for _, h, _ in COLUMNS]]
+ACCURACY_COLUMNS = [
+    ("profiler", "profiler", "%s"),
+    ("python", "python", "%s"),
+    ("rate", "rate req", "%d"),
+    ("achieved_hz", "achieved Hz", "%.0f"),
+    ("stack_samples", "samples", "%d"),
+    ("loop", "loop %", "%.1f"),
+    ("g", "g %", "%.1f"),
+    ("f", "f %", "%.1f"),
+    ("other_pct", "other %", "%.1f"),
+    ("share_err_pp", "share error pp", "%.1f"),
+    ("pause_us", "held µs/sample", "%.0f"),
+    ("note", "note", "%s"),
+]
+
+
+def accuracy_table(results):
+    """The accuracy scenario's own table: every recording with its shares, then per
+    python the reference (mean of the two py-spy runs) and their gap."""
+    rows, foot = [], []
+    for a in results:
+        recs = [dict(a["reference_before"] or {}, profiler="py-spy (reference, before)")] if a["reference_before"] else []
+        recs += a["rows"]
+        if a["reference_after"]:
+            recs.append(dict(a["reference_after"], profiler="py-spy (reference, after)"))
+        for r in recs:
+            rows.append(dict(r, **(r.get("shares") or {})))
+        if a.get("note"):
+            foot.append("python %s: %s" % (a["python"], a["note"]))
+        elif a.get("reference_shares"):
+            gap = a.get("noise_floor_pp")
+            foot.append("python %s: reference loop/g/f %s %% (py-spy at %d Hz, mean of before and after); "
+                        "noise floor (their gap) %s pp"
+                        % (a["python"], "/".join("%.1f" % a["reference_shares"][k] for k in SHORT_FUNCS),
+                           a["reference_rate"], "%.1f" % gap if gap is not None else "-"))
+        else:
+            foot.append("python %s: no reference (py-spy missing or failed)" % a["python"])
+    return table(rows, ACCURACY_COLUMNS) + "\n" + "\n".join(foot)
+
+
+def table(rows, columns=COLUMNS):
+    cells = [[h for _, h, _ in columns]]
     for r in rows:
-        cells.append([fmt(r.get(k), f) for k, _, f in COLUMNS])
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+        cells.append([fmt(r.get(k), f) for k, _, f in columns])
+    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
     lines = []
     for n, c in enumerate(cells):
         parts = []
         for i, v in enumerate(c):
-            left = i < 2 or i == len(COLUMNS) - 1
+            left = i < 2 or i == len(columns) - 1
             parts.append(v.ljust(widths[i]) if left else v.rjust(widths[i]))
         lines.append("  ".join(parts).rstrip())
         if n == 0:
@@ -799,7 +1142,7 @@ def matrix(args, tmp):
             profs.append(PySpy(blocking=True, native=True))
     for name in ([] if args.native else args.profilers.split(",")):
         if name == "pyprof":
-            profs.append(PyProf())
+            profs += [PyProf(), PyProf(nonblocking=True)]
         elif name == "py-spy":
             if os.path.exists(os.path.join(TOOLS, "py-spy")):
                 profs += [PySpy(blocking=False), PySpy(blocking=True)]
@@ -814,7 +1157,7 @@ def matrix(args, tmp):
                     log("austin runs via %s" % a.via)
                 profs.append(a)
         elif name == "tachyon":
-            profs.append(Tachyon())
+            profs += [Tachyon(), Tachyon(blocking=True)]
         elif name == "sleeper":
             exe, why = build_sleeper(tmp)
             if exe:
@@ -827,9 +1170,9 @@ def matrix(args, tmp):
     rates = [int(float(r.lower().rstrip("k")) * (1000 if r.lower().endswith("k") else 1)) for r in args.rates.split(",")]
     secs = args.duration
 
-    rows, seq = [], 0
+    rows, seq, acc = [], 0, []
     for py in pythons:
-        for depth in depths:
+        for depth in ([] if args.accuracy_only else depths):
             try:
                 target = Target(py, "cpu", depth, tmp, private_proc)
             except RuntimeError as e:
@@ -866,7 +1209,17 @@ def matrix(args, tmp):
                             log("  -> %s" % json.dumps(clean_json({k: v for k, v in row.items() if k != "log_tail"})))
             finally:
                 target.stop()
-    return rows
+        if args.native or args.no_accuracy:
+            continue
+        # The accuracy scenario: its own target (short_calls.py), the same profilers
+        # and rates; its error fills the "share error pp" column of this python's rows.
+        a = accuracy_scenario(py, profs, rates, secs, tmp, private_proc)
+        acc.append(a)
+        err = {(r["profiler"], r["rate"]): r.get("share_err_pp") for r in a["rows"]}
+        for row in rows:
+            if row["python"] == py.label and row.get("rate") is not None:
+                row["share_err_pp"] = err.get((row["profiler"], row["rate"]))
+    return rows, acc
 
 
 def memory(args, tmp):
@@ -943,6 +1296,10 @@ def main():
     ap.add_argument("--rates", default=None, help="comma list (default 1000,10000,1000000; 1000000 asks every tool to sample back to back; --native: 100,1000)")
     ap.add_argument("--native", action="store_true",
                     help="merged C+Python stacks: pyprof --native vs py-spy --native (default rates 100,1000)")
+    ap.add_argument("--accuracy-only", action="store_true",
+                    help="run only the accuracy scenario (short_calls.py shares vs py-spy's exact mode)")
+    ap.add_argument("--no-accuracy", action="store_true",
+                    help="leave the accuracy scenario out of the matrix (the share error column stays empty)")
     ap.add_argument("--memory", action="store_true", help="run the memory scenario (only)")
     ap.add_argument("--memory-secs", type=int, default=60,
                     help="seconds (default 60; 360 at 10 kHz = the 3.6 M samples of 1 h at 1 kHz)")
@@ -959,6 +1316,8 @@ def main():
                     help="do not pin the target to CPU %d and the profilers to CPU %d" % (TARGET_CPU, PROFILER_CPU))
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
+    if args.accuracy_only and (args.native or args.no_accuracy or args.memory):
+        sys.exit("bench: --accuracy-only goes with none of --native, --no-accuracy, --memory")
     if args.no_pin:
         PIN[0] = False
     if PIN[0]:
@@ -994,13 +1353,19 @@ def main():
             path = args.output or os.path.join(BENCH, "results", "memory.json")
         else:
             meta["duration_per_run"] = args.duration
-            rows = matrix(args, tmp)
+            rows, acc = matrix(args, tmp)
             meta["loadavg_end"] = list(os.getloadavg())
-            print(table(rows))
+            if rows:
+                print(table(rows))
+            if acc:
+                print("%saccuracy on tests/scripts/short_calls.py (leaf shares; share error = the largest "
+                      "|share - reference| of loop/g/f, in percentage points)" % ("\n" if rows else ""))
+                print(accuracy_table(acc))
             print("\nload average %.2f at start, %.2f at end (1 min); %d CPUs"
                   % (meta["loadavg_start"][0], meta["loadavg_end"][0], meta["cpus"]))
-            doc = {"meta": meta, "results": rows}
-            path = args.output or os.path.join(BENCH, "results", "native.json" if args.native else "latest.json")
+            doc = {"meta": meta, "results": rows, "accuracy": acc}
+            default = "native.json" if args.native else "latest-accuracy.json" if args.accuracy_only else "latest.json"
+            path = args.output or os.path.join(BENCH, "results", default)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             json.dump(clean_json(doc), f, indent=1, ensure_ascii=False)
