@@ -102,6 +102,9 @@ pub struct Freezer {
     /// Threads that were on a CPU just before they were stopped (a stopped
     /// thread reads as 't', not 'R').
     running: Vec<i32>,
+    /// The last snapshot had one Python thread, holding the only GIL: this
+    /// one stops it without reading the GIL first (see `snapshot`).
+    solo: bool,
     pub stats: AcquireStats,
 }
 
@@ -118,6 +121,12 @@ impl Freezer {
             self.stats.lock_free += 1;
             self.stats.torn += threads.iter().filter(|t| t.torn).count() as u64;
             return Ok(threads);
+        }
+        // A single-threaded program holds the GIL nearly always: stop its
+        // thread straight away; the GIL's words, checked after the read
+        // as always, say whether that was right (a call saved per sample).
+        if self.solo {
+            return self.stopped_snapshot(a, python, needs, true);
         }
         self.read_gils(a, python)?;
         if !self.gils.iter().any(GilState::held) {
@@ -137,7 +146,7 @@ impl Freezer {
             self.stats.moved += 1;
             self.read_gils(a, python)?;
         }
-        self.stopped_snapshot(a, python, needs)
+        self.stopped_snapshot(a, python, needs, false)
     }
 
     /// The GILs of the interpreters the last snapshot saw (the runtime's
@@ -157,8 +166,9 @@ impl Freezer {
     }
 
     /// Stop each GIL's last holder, read, and check no other thread took a
-    /// GIL meanwhile; if one did, stop it too and read again.
-    fn stopped_snapshot(&mut self, a: &Attached, python: &mut Snapshotter, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
+    /// GIL meanwhile; if one did, stop it too and read again. `guessed`:
+    /// the GIL words are the last tick's, not read before this stop.
+    fn stopped_snapshot(&mut self, a: &Attached, python: &mut Snapshotter, needs: SnapshotNeeds, guessed: bool) -> Result<Vec<ThreadStack>> {
         let pid = a.target.pid;
         let src = Source { mem: &a.mem, interp: &a.interp, target: Some(&a.target) };
         let mut stopped = Stopped::none(pid);
@@ -189,9 +199,26 @@ impl Freezer {
             if !all {
                 self.fixed.extend(self.words.iter().zip(&self.gils).map(|(w, g)| (w.holder, g.holder)));
             }
+            if guessed && round == 0 {
+                // Also whether it still holds it.
+                self.fixed.extend(self.words.iter().zip(&self.gils).map(|(w, g)| (w.locked_word(), g.locked_word)));
+            }
             let mut threads = python.snapshot(src, needs, Check { frozen: true, fixed: &self.fixed })?;
+            let mut ok = python.fixed_held();
+            let mut gils_read = false;
+            if !ok && guessed && round == 0 {
+                // The thread stopped without the GIL? If no other thread has
+                // taken it since, it let go of it before it stopped and
+                // nothing has run Python since: the read stands.
+                let expected: Vec<u64> = self.gils.iter().map(|g| g.holder).collect();
+                self.read_gils(a, python)?;
+                gils_read = true;
+                ok = self.gils.iter().map(|g| g.holder).eq(expected.iter().copied());
+                self.fixed.clear();
+                self.fixed.extend(self.words.iter().zip(&self.gils).map(|(w, g)| (w.holder, g.holder)));
+            }
             let (mut burst, mut steps) = (1u32, 0u32);
-            while python.fixed_held() && steps < MAX_STEPS {
+            while ok && steps < MAX_STEPS {
                 let half_done: Vec<i32> =
                     threads.iter().filter(|t| t.torn).filter_map(|t| t.native_id).map(|n| n as i32).filter(|&t| stopped.holds(t)).collect();
                 if half_done.is_empty() {
@@ -204,9 +231,10 @@ impl Freezer {
                 burst *= 2;
                 python.recycle(threads);
                 threads = python.snapshot(src, needs, Check { frozen: true, fixed: &self.fixed })?;
+                ok = python.fixed_held();
             }
             self.stats.stepped += u64::from(steps > 0);
-            if python.fixed_held() {
+            if ok {
                 for t in threads.iter_mut() {
                     if let Some(tid) = t.native_id.filter(|&n| stopped.holds(n as i32)) {
                         t.on_cpu = needs.on_cpu && self.running.contains(&(tid as i32));
@@ -216,11 +244,17 @@ impl Freezer {
                 let held = stopped.held();
                 self.stats.pause += held;
                 self.stats.pause_max = self.stats.pause_max.max(held);
+                // Next tick may skip reading the GIL first if this one held
+                // it and is the only Python thread (the GIL words read
+                // here, or checked unchanged, say it is held).
+                self.solo = threads.len() == 1 && self.gils.len() == 1 && self.gils[0].held() && !gils_read;
                 return Ok(threads);
             }
             python.recycle(std::mem::take(&mut threads));
             self.stats.moved += u64::from(round == 0);
-            self.read_gils(a, python)?;
+            if !gils_read {
+                self.read_gils(a, python)?;
+            }
         }
         unreachable!("the last round stops every thread and checks nothing")
     }
