@@ -330,10 +330,10 @@ class PyProf(Profiler):
         if m:
             res.update({"merged_pct": float(m.group(1)), "pause_us": float(m.group(2)), "pause_max_us": float(m.group(3))})
         # Exact mode: "sampling: exact; N of M snapshots held the GIL holder still
-        # (X µs per snapshot on average, Y µs at most), ..." -- X is the mean over
-        # the N snapshots that held a thread.
+        # (X µs per snapshot on average, Y µs at most; held Z % of the time), ..."
+        # -- X is the mean over the N snapshots that held a thread.
         m = re.search(r"sampling: exact; (\d+) of (\d+) snapshots held the GIL holder still "
-                      r"\(([\d.]+) µs per snapshot on average, ([\d.]+) µs at most\)", run["log"])
+                      r"\(([\d.]+) µs per snapshot on average, ([\d.]+) µs at most", run["log"])
         if m:
             res.update({"held_snapshots": int(m.group(1)), "snapshots": int(m.group(2)),
                         "pause_us": float(m.group(3)), "pause_max_us": float(m.group(4))})

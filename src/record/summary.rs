@@ -75,14 +75,16 @@ fn acquisition(cfg: &RecordConfig, a: &AcquireStats) -> Acquisition {
 }
 
 /// One line on how the samples were taken.
-fn describe(a: &AcquireStats) -> String {
+fn describe(a: &AcquireStats, elapsed: std::time::Duration) -> String {
     let snapshots = a.stopped + a.gil_free + a.lock_free;
     if a.lock_free > 0 {
         return format!("sampling: never stopped the target; {} thread samples moved while read and are counted as torn", a.torn);
     }
     let mean = if a.stopped > 0 { a.pause.as_secs_f64() * 1e6 / a.stopped as f64 } else { 0.0 };
+    // Held time only: a stopped thread also pays to stop and to start again.
+    let share = if elapsed.is_zero() { 0.0 } else { 100.0 * a.pause.as_secs_f64() / elapsed.as_secs_f64() };
     format!(
-        "sampling: exact; {} of {snapshots} snapshots held the GIL holder still ({mean:.0} µs per snapshot on average, {:.0} µs at most), {} read with the GIL free, {} read again a few µs late because the GIL changed hands, {} stepped a few instructions out of a half-done frame update",
+        "sampling: exact; {} of {snapshots} snapshots held the GIL holder still ({mean:.0} µs per snapshot on average, {:.0} µs at most; held {share:.2} % of the time), {} read with the GIL free, {} read again a few µs late because the GIL changed hands, {} stepped a few instructions out of a half-done frame update",
         a.stopped,
         a.pause_max.as_secs_f64() * 1e6,
         a.gil_free,
@@ -112,7 +114,7 @@ pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, nativ
     if native {
         eprintln!("pyprof: {}", stats.native.describe());
     } else {
-        eprintln!("pyprof: {}", describe(&stats.acquire));
+        eprintln!("pyprof: {}", describe(&stats.acquire, stats.elapsed));
     }
     for w in &stats.native_warnings {
         eprintln!("pyprof: warning: {w}");
