@@ -666,17 +666,24 @@ class LineLog:
         return next((t for t, l in self.lines if needle in l), None)
 
 
-def run_one(prof, target, rate, secs, out):
-    """Launch prof against target for secs; measure the target's throughput while it runs."""
+def start_profiler(prof, target, rate, secs, out):
+    """Launch prof against target for secs, pinned, its output logged. Returns
+    (process, log, start time, deadline): py-spy keeps going until it has rate x
+    secs samples, so a run gets secs plus at least 5 s before SIGINT."""
     cmd = prof.command(target, rate, secs, out)
     logf = LineLog(out["host"] + ".log")
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          preexec_fn=pinned(PROFILER_CPU))
     logf.pump(p.stdout)
+    return p, logf, t0, t0 + secs + max(5.0, secs)
+
+
+def run_one(prof, target, rate, secs, out):
+    """Launch prof against target for secs; measure the target's throughput while it runs."""
+    p, logf, t0, cap = start_profiler(prof, target, rate, secs, out)
     status = rusage = None
     t_exit = None
-    cap = t0 + secs + max(5.0, secs)  # py-spy keeps going until rate x secs samples
 
     def reap(block=False):
         nonlocal status, rusage, t_exit
@@ -806,13 +813,7 @@ REFERENCE_RATE = 1000
 def run_plain(prof, target, rate, secs, out):
     """Launch prof against target for secs and wait for it (short_calls.py answers
     no SIGUSR1, so no throughput windows); the same cap and SIGINT as run_one."""
-    cmd = prof.command(target, rate, secs, out)
-    logf = LineLog(out["host"] + ".log")
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         preexec_fn=pinned(PROFILER_CPU))
-    logf.pump(p.stdout)
-    cap = t0 + secs + max(5.0, secs)
+    p, logf, t0, cap = start_profiler(prof, target, rate, secs, out)
     interrupted = False
     while True:
         try:
