@@ -90,6 +90,33 @@ const MAX_ROUNDS: usize = 3;
 /// finish a half-done frame update (a push is a few dozen).
 const MAX_STEPS: u32 = 1024;
 
+/// Stepping held threads out of half-done frame updates (see the module
+/// header), in doubling bursts.
+#[derive(Default)]
+pub struct Steps {
+    /// Instructions stepped so far.
+    pub taken: u32,
+}
+
+impl Steps {
+    /// Step every held thread whose stack could not be walked in `threads`
+    /// by the next burst of instructions. False when there is none, the
+    /// budget is spent, or a thread would not stop again: then `threads`
+    /// stands as it is.
+    pub fn step_half_done(&mut self, stopped: &mut Stopped, threads: &[ThreadStack]) -> bool {
+        let burst = self.taken.max(1);
+        if self.taken >= MAX_STEPS {
+            return false;
+        }
+        let half_done: Vec<i32> = threads.iter().filter(|t| t.torn).filter_map(|t| t.native_id).map(|n| n as i32).filter(|&t| stopped.holds(t)).collect();
+        if half_done.is_empty() || !half_done.iter().all(|&t| stopped.step(t, burst)) {
+            return false;
+        }
+        self.taken += burst;
+        true
+    }
+}
+
 #[derive(Default)]
 pub struct Freezer {
     pub sampling: Sampling,
@@ -217,23 +244,13 @@ impl Freezer {
                 self.fixed.clear();
                 self.fixed.extend(self.words.iter().zip(&self.gils).map(|(w, g)| (w.holder, g.holder)));
             }
-            let (mut burst, mut steps) = (1u32, 0u32);
-            while ok && steps < MAX_STEPS {
-                let half_done: Vec<i32> =
-                    threads.iter().filter(|t| t.torn).filter_map(|t| t.native_id).map(|n| n as i32).filter(|&t| stopped.holds(t)).collect();
-                if half_done.is_empty() {
-                    break;
-                }
-                if !half_done.iter().all(|&t| stopped.step(t, burst)) {
-                    break;
-                }
-                steps += burst;
-                burst *= 2;
+            let mut steps = Steps::default();
+            while ok && steps.step_half_done(&mut stopped, &threads) {
                 python.recycle(threads);
                 threads = python.snapshot(src, needs, Check { frozen: true, fixed: &self.fixed })?;
                 ok = python.fixed_held();
             }
-            self.stats.stepped += u64::from(steps > 0);
+            self.stats.stepped += u64::from(steps.taken > 0);
             if ok {
                 for t in threads.iter_mut() {
                     if let Some(tid) = t.native_id.filter(|&n| stopped.holds(n as i32)) {

@@ -4,6 +4,7 @@
 
 use crate::attach::Attached;
 use crate::error::Result;
+use crate::freeze::Steps;
 use crate::native::merge::{self, NativeFrame};
 use crate::native::{NativeOptions, NativeRaw, NativeState};
 use crate::process::ptrace;
@@ -47,16 +48,30 @@ impl NativeLayer {
         if needs.stop_running_only {
             stop.retain(|t| running.contains(t));
         }
-        let stopped = ptrace::stop_threads(pid, &stop)?;
+        let mut stopped = ptrace::stop_threads(pid, &stop)?;
         let src = Source { mem: &attached.mem, interp: &attached.interp, target: Some(&attached.target) };
-        let walked = python.snapshot(src, SnapshotNeeds { on_cpu: false, ..needs }, Check::LOCK_FREE);
-        let mut threads = match walked {
+        let needs = SnapshotNeeds { on_cpu: needs.on_cpu, ..needs };
+        let walk = |python: &mut Snapshotter| python.snapshot(src, SnapshotNeeds { on_cpu: false, ..needs }, Check::LOCK_FREE);
+        let mut threads = match walk(python) {
             Ok(t) => t,
             Err(e) => {
                 self.note_pause(stopped.held());
                 return Err(e);
             }
         };
+        // A held thread caught halfway through pushing a frame: stepped on
+        // (its registers read again), as `freeze` does.
+        let mut steps = Steps::default();
+        while steps.step_half_done(&mut stopped, &threads) {
+            python.recycle(threads);
+            threads = match walk(python) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.note_pause(stopped.held());
+                    return Err(e);
+                }
+            };
+        }
         if self.raw.len() < threads.len() {
             self.raw.resize_with(threads.len(), Default::default);
         }

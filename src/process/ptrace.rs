@@ -91,9 +91,13 @@ impl Stopped {
                 // A step (SIGTRAP), or a signal that arrived first: that one
                 // is passed on when the thread is let go, as any other.
                 Some(Some(sig)) => {
-                    if sig != 0 {
-                        if let Some(t) = self.threads.iter_mut().find(|t| t.0 == tid) {
+                    if let Some(t) = self.threads.iter_mut().find(|t| t.0 == tid) {
+                        if sig != 0 {
                             t.2 = sig;
+                        }
+                        // Registers asked for are those of the thread as held now.
+                        if t.1.is_some() {
+                            t.1 = get_regs(tid);
                         }
                     }
                 }
