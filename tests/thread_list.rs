@@ -10,7 +10,8 @@ use pyprof::session::{Session, SnapshotNeeds};
 use std::time::{Duration, Instant};
 
 /// `thread_churn.py` runs one short-lived worker after another, each a new
-/// kernel thread (tids are not reused this soon). Snapshots for a second:
+/// kernel thread (tids are not reused this soon). Snapshots for a second, at
+/// about 2 kHz (back to back, the held GIL holder would barely run):
 /// a worker that is gone from a snapshot and from /proc must never show up
 /// in a later one (a stale head would bring it back), workers must be seen,
 /// and most snapshots must have skipped the interpreter's own list pointer.
@@ -41,6 +42,7 @@ fn exited_threads_never_come_back() {
                 }
             }
             s.recycle(t);
+            std::thread::sleep(Duration::from_micros(500));
         }
         // Workers run two thirds of the time, but how many snapshots land in
         // those phases swings with scheduling (15-60 % over repeated runs on

@@ -170,20 +170,41 @@ impl Stopped {
 impl Drop for Stopped {
     fn drop(&mut self) {
         for &(tid, _, sig) in &self.threads {
-            // SAFETY: plain syscalls without pointers (waitpid's status aside).
-            unsafe {
-                if libc::ptrace(libc::PTRACE_DETACH, tid, 0usize, sig as usize) != 0 {
-                    // Detach needs a stopped tracee: one that had not reached its
-                    // stop yet (timed out) would be left frozen once it does, so
-                    // wait for that stop and release it then.
-                    let mut status = 0;
-                    if libc::waitpid(tid, &mut status, libc::__WALL) == tid && libc::WIFSTOPPED(status) {
-                        libc::ptrace(libc::PTRACE_DETACH, tid, 0usize, 0usize);
-                    }
-                }
+            // SAFETY: no pointers.
+            if unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0usize, sig as usize) } != 0 {
+                release_unstopped(self.pid, tid);
             }
         }
     }
+}
+
+/// How many times a seized thread that is not in its stop is interrupted
+/// again and waited for ([`STOP_TIMEOUT`] each) before it is given up.
+const RELEASE_TRIES: u32 = 20;
+
+/// Detach needs a stopped tracee: one that had not reached its stop (timed
+/// out, or lost its stop while stepped into a system call) would be left
+/// frozen once it does. Interrupt it again and detach at the stop; never
+/// wait without a bound, which once hung a test for an hour. A thread that
+/// still will not stop stays seized until this thread of pyprof exits.
+fn release_unstopped(pid: i32, tid: i32) {
+    for _ in 0..RELEASE_TRIES {
+        match wait_stop(pid, tid) {
+            Some(Some(sig)) => {
+                // SAFETY: no pointers.
+                unsafe {
+                    libc::ptrace(libc::PTRACE_DETACH, tid, 0usize, sig as usize);
+                }
+                return;
+            }
+            None => return,
+            // SAFETY: no pointers.
+            Some(None) => unsafe {
+                libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize);
+            },
+        }
+    }
+    eprintln!("pyprof: warning: thread {tid} of pid {pid} did not stop to be released; it stays traced until pyprof exits");
 }
 
 fn seize(pid: i32, tid: i32) -> Result<bool> {

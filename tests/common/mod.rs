@@ -8,7 +8,9 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod watchdog;
 
 pub fn cache_dir() -> PathBuf {
     std::env::var_os("PYPROF_CACHE")
@@ -164,6 +166,7 @@ pub fn spawn_argv(label: &str, argv: &[String]) -> TargetProcess {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap_or_else(|e| panic!("{label}: cannot start {argv:?}: {e}"));
+    watchdog::target_started(child.id());
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -197,6 +200,7 @@ impl Drop for TargetProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        watchdog::target_ended(self.child.id());
     }
 }
 
@@ -205,10 +209,32 @@ pub fn pyprof_bin() -> &'static str {
     option_env!("CARGO_BIN_EXE_pyprof").unwrap_or(concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/pyprof"))
 }
 
+/// Run pyprof to its end; one that runs over two minutes is killed and
+/// fails the test.
 pub fn pyprof(args: &[&str]) -> Output {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let out = Command::new(pyprof_bin()).args(args).env_remove("PYPROF_RUNTIME_METHOD").output().expect("run pyprof");
-    assert!(Instant::now() < deadline, "pyprof {args:?} took over two minutes");
+    let child = Command::new(pyprof_bin())
+        .args(args)
+        .env_remove("PYPROF_RUNTIME_METHOD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run pyprof");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let killer = std::thread::spawn(move || {
+        if rx.recv_timeout(Duration::from_secs(120)).is_err() {
+            // SAFETY: plain syscall; the child is not reaped before `tx` is dropped.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL);
+            }
+            return true;
+        }
+        false
+    });
+    let out = child.wait_with_output().expect("wait for pyprof");
+    drop(tx);
+    assert!(!killer.join().unwrap_or(false), "pyprof {args:?} ran over two minutes and was killed");
     out
 }
 
@@ -226,6 +252,7 @@ pub fn pyprof_env(args: &[&str], env: &[(&str, &str)]) -> Output {
 pub fn for_each_interpreter(f: impl Fn(&Interpreter) + std::panic::RefUnwindSafe) {
     let mut failures = Vec::new();
     for interp in interpreters() {
+        let _watched = watchdog::watch(&interp.label);
         if let Err(e) = std::panic::catch_unwind(|| f(&interp)) {
             let msg = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
             failures.push(format!("[{}] {msg}", interp.label));
