@@ -152,16 +152,17 @@ fn spin_line() -> usize {
 /// calling two sub-microsecond functions is a stack the program has, and
 /// the calls are caught (60 dumps here found g or f the leaf in 30-38 % on
 /// 3.9 and 3.12, as often as py-spy's samples do; dumps that retried a
-/// read until it verified, as before, found them in 17 %: the floor below
-/// only catches a dump that hides them outright, the accuracy tests
-/// measure the shares).
+/// read until it verified, as before, found them in 2 % on 3.8-3.10). With
+/// both CPUs busy, fewer are caught by both tools (150 dumps each of 3.10,
+/// interleaved: pyprof 23 %, py-spy 21 %): the floor below only catches a
+/// dump that hides them outright; the accuracy tests measure the shares.
 #[test]
 fn dumps_catch_short_calls_as_often_as_they_run() {
     for_each_interpreter(|py| {
         let target = py.spawn("short_calls.py", &[]);
         let pid = target.pid().to_string();
         let mut leaves = std::collections::BTreeMap::new();
-        const DUMPS: usize = 60;
+        const DUMPS: usize = 100;
         for _ in 0..DUMPS {
             let dump = dump_json(target.pid(), &[]);
             let main =
@@ -173,8 +174,8 @@ fn dumps_catch_short_calls_as_often_as_they_run() {
             *leaves.entry(names[0].to_string()).or_insert(0usize) += 1;
         }
         let calls = leaves.get("g").copied().unwrap_or(0) + leaves.get("f").copied().unwrap_or(0);
-        // py-spy, stopping the target, finds g or f the leaf in 20-40 % of
-        // samples on these interpreters; 10 % of 60 dumps is a loose floor.
-        assert!(calls >= DUMPS / 10, "{}: g or f the leaf in {calls} of {DUMPS} dumps ({leaves:?})", py.label);
+        // At 15 % (below any share seen), 8 or more of 100 dumps has a
+        // 98.5 % chance; hidden at 2 %, a 0.05 % chance.
+        assert!(calls >= 8, "{}: g or f the leaf in {calls} of {DUMPS} dumps ({leaves:?})", py.label);
     });
 }
