@@ -336,7 +336,7 @@ fn collapsed_and_json_inputs_agree() {
                 let profile = pyprof::diff::input::load(&src, side).unwrap().profile;
                 let path = dir.join(format!("{side}.folded"));
                 let mut f = std::fs::File::create(&path).unwrap();
-                pyprof::output::collapsed::Collapsed.write(&profile, &mut f).unwrap();
+                pyprof::output::collapsed::Collapsed::default().write(&profile, &mut f).unwrap();
                 args.push(path.to_str().unwrap().into());
             }
         }
