@@ -233,7 +233,12 @@ impl DiffArgs {
             new: self.new,
             threshold_pp: self.threshold,
             alpha: self.alpha,
-            keys: crate::diff::keys::KeyOptions { lines: self.lines, strip_prefixes: self.strip_prefix, root: root.map(|r| r.to_string_lossy().into_owned()) },
+            keys: crate::diff::keys::KeyOptions {
+                lines: self.lines,
+                strip_prefixes: self.strip_prefix,
+                root: root.map(|r| r.to_string_lossy().into_owned()),
+                short_paths: false,
+            },
             design_effect: self.design_effect,
             top: self.top,
             markdown: self.markdown,

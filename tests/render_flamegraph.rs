@@ -61,7 +61,8 @@ fn flamegraph_renders_in_headless_chromium() {
     // its rectangle is painted in the search colour and the button changed.
     assert!(dom.contains(">Matched: 66.7%</text>"), "search did not run\n{}", context());
     assert!(dom.contains(">Reset Search</text>"), "search button not updated\n{}", context());
-    let work = dom.find("<title>work (lib/ü.py:2) (100 samples, 66.67%; /home/me/app/lib/ü.py:2)</title>").unwrap_or_else(|| panic!("no work frame\n{}", context()));
+    let work =
+        dom.find("<title>work (lib/ü.py:2) (100 samples, 66.67%; /home/me/app/lib/ü.py:2)</title>").unwrap_or_else(|| panic!("no work frame\n{}", context()));
     let work_rect = &dom[work..work + dom[work..].find("/>").unwrap()];
     assert!(work_rect.contains("fill=\"rgb(230,0,230)\""), "work not highlighted: {work_rect}");
 

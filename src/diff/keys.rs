@@ -13,6 +13,10 @@
 //!    current directory) is made relative to it;
 //! 4. a leading `./` is dropped.
 //!
+//! A collapsed file written with `record --paths short` holds only short
+//! paths (`json/decoder.py`, `demo.py`); when one side is such a file, both
+//! sides are compared in that short form ([`KeyOptions::short_paths`]).
+//!
 //! Native frames keep only the library's file name. Synthetic `--threads` and
 //! `--subprocesses` roots are left out (their names carry pids), but their
 //! samples still count in the total.
@@ -32,6 +36,10 @@ pub struct KeyOptions {
     pub strip_prefixes: Vec<String>,
     /// Paths under this directory are made relative to it.
     pub root: Option<String>,
+    /// Compare paths in their short form (`json/decoder.py`, not
+    /// `<stdlib>/json/decoder.py`): set when a side is a collapsed file
+    /// written with `record --paths short`, which has nothing longer.
+    pub short_paths: bool,
 }
 
 /// A function (or, with `--lines`, a line) as compared across profiles.
@@ -70,7 +78,11 @@ pub struct Tally {
 impl KeyOptions {
     /// The comparable form of a Python file path (see the module documentation).
     pub fn normalize_path(&self, file: &str) -> String {
-        match paths::locate(file, &self.strip_prefixes, self.root.as_deref()) {
+        let location = paths::locate(file, &self.strip_prefixes, self.root.as_deref());
+        if self.short_paths {
+            return location.short().to_string();
+        }
+        match location {
             Location::Stdlib(rest) => format!("<stdlib>/{rest}"),
             Location::Package(rest) => format!("<site-packages>/{rest}"),
             Location::NotAFile(s) | Location::Relative(s) | Location::Other(s) => s.to_string(),
@@ -177,7 +189,12 @@ mod tests {
     use crate::profile::model::Stack;
 
     fn opts() -> KeyOptions {
-        KeyOptions { lines: false, strip_prefixes: vec!["/builds/base".into(), "/builds/base/src/".into()], root: Some("/home/me/proj/".into()) }
+        KeyOptions {
+            lines: false,
+            strip_prefixes: vec!["/builds/base".into(), "/builds/base/src/".into()],
+            root: Some("/home/me/proj/".into()),
+            short_paths: false,
+        }
     }
 
     #[test]
@@ -195,6 +212,13 @@ mod tests {
         assert_eq!(o.normalize_path("/home/me/project2/x.py"), "/home/me/project2/x.py");
         assert_eq!(o.normalize_path("./bench.py"), "bench.py");
         assert_eq!(o.normalize_path("/srv/python3.12/x.py"), "/srv/python3.12/x.py");
+        let short = KeyOptions { short_paths: true, ..opts() };
+        assert_eq!(short.normalize_path("/usr/lib/python3.11/json/decoder.py"), "json/decoder.py");
+        assert_eq!(short.normalize_path("json/decoder.py"), "json/decoder.py");
+        assert_eq!(short.normalize_path("/venv/lib/python3.12/site-packages/requests/api.py"), "requests/api.py");
+        assert_eq!(short.normalize_path("/builds/base/src/app/x.py"), "app/x.py");
+        assert_eq!(short.normalize_path("/home/me/proj/app/x.py"), "app/x.py");
+        assert_eq!(short.normalize_path("/home/me/project2/x.py"), "x.py");
     }
 
     #[test]

@@ -100,18 +100,26 @@ pub fn locate<'a>(file: &'a str, strip_prefixes: &[String], root: Option<&str>) 
     Location::Other(without_dot_slash(file))
 }
 
-/// The short form of one path: the library's or package's own path, the
-/// path relative to `cwd`, or else the file name (with its directory for a
-/// package's `__init__.py` or `__main__.py`, which name nothing alone).
-pub fn short_file<'a>(file: &'a str, cwd: Option<&str>) -> &'a str {
-    match locate(file, &[], cwd) {
-        Location::NotAFile(s) | Location::Stdlib(s) | Location::Package(s) | Location::Relative(s) => s,
-        Location::Other(s) if !s.starts_with('/') => s,
-        Location::Other(s) => {
-            let name = suffix(s, 1);
-            if matches!(name, "__init__.py" | "__main__.py") { suffix(s, 2) } else { name }
+impl<'a> Location<'a> {
+    /// The short form: the library's or package's own path, the relative
+    /// path, or else the file name (with its directory for a package's
+    /// `__init__.py` or `__main__.py`, which name nothing alone). Always a
+    /// suffix of the path it was read from.
+    pub fn short(self) -> &'a str {
+        match self {
+            Location::NotAFile(s) | Location::Stdlib(s) | Location::Package(s) | Location::Relative(s) => s,
+            Location::Other(s) if !s.starts_with('/') => s,
+            Location::Other(s) => {
+                let name = suffix(s, 1);
+                if matches!(name, "__init__.py" | "__main__.py") { suffix(s, 2) } else { name }
+            }
         }
     }
+}
+
+/// The short form of one path ([`Location::short`]), relative to `cwd` when under it.
+pub fn short_file<'a>(file: &'a str, cwd: Option<&str>) -> &'a str {
+    locate(file, &[], cwd).short()
 }
 
 /// The last `n` `/`-separated components of `path` (all of it if it has fewer).
