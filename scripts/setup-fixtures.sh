@@ -11,6 +11,7 @@
 #   - py-spy and austin in a venv, as oracles and benchmark peers
 #   - libc6-dbg (names for libc's internal functions in --native stacks)
 #   - numpy in a venv of pyenv 3.12 (a real C extension for --native tests)
+#   - maturin in a venv, to build the wheel (scripts/build-wheel.sh; tests/wheel.rs)
 set -euo pipefail
 
 CACHE="${PYPROF_CACHE:-$HOME/.cache/pyprof}"
@@ -103,6 +104,9 @@ if [ ! -x "$NUMPY/bin/python" ] || ! "$NUMPY/bin/python" -c 'import numpy' 2>/de
   "$NUMPY/bin/pip" install -q numpy==2.1.3
 fi
 
+# 4c. maturin, pinned, for the wheel (the script owns the pin and the venv).
+"$(dirname "$0")/build-wheel.sh" --setup
+
 # 5. speedscope's file-format schema and ajv-cli to validate pyprof's
 #    speedscope output against it; pinned, in $CACHE/npm.
 NPM_DIR="$CACHE/npm"
@@ -121,4 +125,4 @@ fi
 [ -f "$NPM_DIR/node_modules/speedscope/dist/release/file-format-schema.json" ] && [ -x "$NPM_DIR/node_modules/.bin/ajv" ] || {
   log "speedscope schema or ajv-cli missing under $NPM_DIR"; exit 1; }
 
-log "ready: pyenv 3.8-3.13, /usr/bin/python3.11, $SID (3.13-3.15), $TOOLS/bin/{py-spy,austin}"
+log "ready: pyenv 3.8-3.13, /usr/bin/python3.11, $SID (3.13-3.15), $TOOLS/bin/{py-spy,austin}, $CACHE/maturin"

@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::attach::AttachOptions;
 use crate::binary::runtime::Method;
 use crate::freeze::Sampling;
-use crate::output::Format;
+use crate::output::{Format, Paths, View};
 use crate::profile::aggregate::AggregateOptions;
 use crate::record::{RecordConfig, RecordTarget, default_output};
 use crate::sampler::{Mode, SamplingConfig};
@@ -123,6 +123,18 @@ pub struct RecordArgs {
     #[arg(long)]
     pub include_idle_threads: bool,
 
+    /// File paths in labels: short (relative to the target's directory, or
+    /// the package's own path) or full. Default: short in flamegraph and
+    /// speedscope, full in collapsed; JSON and pprof always keep full paths.
+    #[arg(long, value_enum, value_name = "HOW")]
+    pub paths: Option<PathsArg>,
+
+    /// Frames of CPython's import machinery that only run the next import
+    /// (importlib._bootstrap), as tracebacks hide them. Default: hide in
+    /// flamegraph and speedscope, show in collapsed; JSON and pprof keep every frame.
+    #[arg(long, value_enum, value_name = "HOW")]
+    pub import_frames: Option<ImportFramesArg>,
+
     /// No progress line and no summary.
     #[arg(short, long)]
     pub quiet: bool,
@@ -149,12 +161,14 @@ impl RecordArgs {
             (None, None) => Format::Flamegraph,
         };
         let output = self.output.unwrap_or_else(|| default_output(&target, format));
+        let view = view_for(format, self.paths, self.import_frames);
         Ok(RecordConfig {
             target,
             sampling: SamplingConfig { rate_hz: self.rate, duration: self.duration, mode: self.mode.into(), include_empty: self.include_idle_threads },
             aggregate: AggregateOptions { by_function: self.function, thread_roots: self.threads, process_roots: self.subprocesses },
             output,
             format,
+            view,
             subprocesses: self.subprocesses,
             quiet: self.quiet,
             attach: self.attach.options(),
@@ -219,7 +233,12 @@ impl DiffArgs {
             new: self.new,
             threshold_pp: self.threshold,
             alpha: self.alpha,
-            keys: crate::diff::keys::KeyOptions { lines: self.lines, strip_prefixes: self.strip_prefix, root: root.map(|r| r.to_string_lossy().into_owned()) },
+            keys: crate::diff::keys::KeyOptions {
+                lines: self.lines,
+                strip_prefixes: self.strip_prefix,
+                root: root.map(|r| r.to_string_lossy().into_owned()),
+                short_paths: false,
+            },
             design_effect: self.design_effect,
             top: self.top,
             markdown: self.markdown,
@@ -305,6 +324,16 @@ mod tests {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert!(parse_duration("0").is_err());
     }
+
+    #[test]
+    fn views_default_by_format_and_options_override() {
+        assert_eq!(view_for(Format::Flamegraph, None, None), View::READABLE);
+        assert_eq!(view_for(Format::Speedscope, None, None), View::READABLE);
+        assert_eq!(view_for(Format::Collapsed, None, None), View::EXACT);
+        assert_eq!(view_for(Format::Flamegraph, Some(PathsArg::Full), Some(ImportFramesArg::Show)), View::EXACT);
+        assert_eq!(view_for(Format::Collapsed, Some(PathsArg::Short), Some(ImportFramesArg::Hide)), View::READABLE);
+        assert_eq!(view_for(Format::Collapsed, Some(PathsArg::Short), None), View { paths: Paths::Short, hide_import_frames: false });
+    }
 }
 
 #[derive(Args, Debug)]
@@ -319,12 +348,57 @@ pub struct DumpArgs {
     /// Also print how pyprof attached (module, _PyRuntime method, offsets source).
     #[arg(short, long)]
     pub verbose: bool,
+
+    /// File paths in the text: short (relative to the target's directory, or
+    /// the package's own path; the default) or full. --json always has full paths.
+    #[arg(long, value_enum, value_name = "HOW", default_value = "short")]
+    pub paths: PathsArg,
 }
 
 impl DumpArgs {
     pub fn into_config(self) -> crate::dump::DumpConfig {
-        crate::dump::DumpConfig { pid: self.target.pid, attach: self.target.attach.options(), json: self.json, verbose: self.verbose }
+        crate::dump::DumpConfig { pid: self.target.pid, attach: self.target.attach.options(), json: self.json, verbose: self.verbose, paths: self.paths.into() }
     }
+}
+
+/// `--paths`, as clap sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PathsArg {
+    /// Relative to the target's working directory, the package's own path, or the file name.
+    Short,
+    /// As the target's code carries them.
+    Full,
+}
+
+impl From<PathsArg> for Paths {
+    fn from(p: PathsArg) -> Paths {
+        match p {
+            PathsArg::Short => Paths::Short,
+            PathsArg::Full => Paths::Full,
+        }
+    }
+}
+
+/// `--import-frames`, as clap sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ImportFramesArg {
+    /// Leave out import machinery that only runs the next import.
+    Hide,
+    /// Keep every frame.
+    Show,
+}
+
+/// The view `record` writes `format` with: the format's default, changed
+/// where `--paths` or `--import-frames` say.
+fn view_for(format: Format, paths: Option<PathsArg>, import_frames: Option<ImportFramesArg>) -> View {
+    let mut view = format.default_view();
+    if let Some(paths) = paths {
+        view.paths = paths.into();
+    }
+    if let Some(i) = import_frames {
+        view.hide_import_frames = i == ImportFramesArg::Hide;
+    }
+    view
 }
 
 /// `--mode`, as clap sees it.

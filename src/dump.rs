@@ -8,6 +8,8 @@ use crate::error::{Error, Result};
 use anyhow::Context;
 
 use crate::attach::AttachOptions;
+use crate::output::Paths;
+use crate::profile::paths::short_files;
 use crate::session::{Session, SnapshotNeeds};
 use crate::stack::{Frame, FrameKind, ThreadStack};
 
@@ -17,6 +19,8 @@ pub struct DumpConfig {
     pub attach: AttachOptions,
     pub json: bool,
     pub verbose: bool,
+    /// File paths in the text (`--json` always has full ones).
+    pub paths: Paths,
 }
 
 /// `pyprof dump`: attach, take one snapshot, print it on stdout.
@@ -127,6 +131,13 @@ pub fn write(session: &mut Session, opts: &DumpConfig, out: &mut dyn Write) -> R
         writeln!(out)?;
         return Ok(());
     }
+    // Short paths, as the flame graph shows them: relative to the target's
+    // working directory, the package's own path, else the file name.
+    let python_files = threads.iter().flat_map(|t| &t.frames).filter(|f| !f.is_native()).map(|f| &*f.file);
+    let short = match opts.paths {
+        Paths::Short => short_files(python_files, a.target.cwd.as_deref()),
+        Paths::Full => Default::default(),
+    };
     writeln!(out, "Process {}: {}", a.target.pid, a.target.cmdline().join(" "))?;
     writeln!(out, "Python v{} ({})", a.interp.offsets.version, a.module)?;
     if opts.verbose {
@@ -148,7 +159,8 @@ pub fn write(session: &mut Session, opts: &DumpConfig, out: &mut dyn Write) -> R
             if f.is_native() {
                 writeln!(out, "    {} [{}]", f.function, f.file)?;
             } else {
-                writeln!(out, "    {} ({}:{})", f.function, f.file, f.line)?;
+                let file = short.get(&*f.file).map_or(&*f.file, String::as_str);
+                writeln!(out, "    {} ({file}:{})", f.function, f.line)?;
             }
         }
     }

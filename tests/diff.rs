@@ -336,7 +336,7 @@ fn collapsed_and_json_inputs_agree() {
                 let profile = pyprof::diff::input::load(&src, side).unwrap().profile;
                 let path = dir.join(format!("{side}.folded"));
                 let mut f = std::fs::File::create(&path).unwrap();
-                pyprof::output::collapsed::Collapsed.write(&profile, &mut f).unwrap();
+                pyprof::output::collapsed::Collapsed::default().write(&profile, &mut f).unwrap();
                 args.push(path.to_str().unwrap().into());
             }
         }
@@ -361,6 +361,63 @@ fn collapsed_and_json_inputs_agree() {
     };
     assert_eq!(shares(&reports[0]), shares(&reports[1]));
     assert!(reports[1]["base"]["meta"].is_null() && reports[0]["base"]["meta"]["python_version"] == "3.10.13");
+}
+
+/// Collapsed files of either kind keep working: a file written with
+/// `record --paths short` compares with another such file, and with a full
+/// one (JSON, or collapsed as written before), both sides then in short form,
+/// giving the shares the full files give.
+#[test]
+fn short_path_collapsed_files_compare_with_either_kind() {
+    use pyprof::output::{Paths, View, Writer};
+    let dir = temp_dir("diff-short");
+    let mut short = Vec::new();
+    for (side, cwd) in [("base", "/ci/base"), ("new", "/ci/pr")] {
+        let src = golden_dir().join(format!("{side}.json"));
+        let mut profile = pyprof::diff::input::load(&src, side).unwrap().profile;
+        profile.meta.cwd = cwd.into();
+        let path = dir.join(format!("{side}-short.folded"));
+        let mut f = std::fs::File::create(&path).unwrap();
+        pyprof::output::collapsed::Collapsed { view: View { paths: Paths::Short, hide_import_frames: false } }.write(&profile, &mut f).unwrap();
+        drop(f);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("validate (app/validate.py:21)") && text.contains("(json/decoder.py:") && !text.contains("/ci/"), "{text}");
+        short.push(path.to_str().unwrap().to_string());
+    }
+    let strip = ["--strip-prefix", "/ci/base/", "--strip-prefix", "/ci/pr/"];
+    let report = |name: &str, sides: [&str; 2]| {
+        let json = dir.join(format!("{name}.json"));
+        let mut args = sides.to_vec();
+        args.extend(strip);
+        args.extend(["--json", json.to_str().unwrap()]);
+        let out = diff_in(&dir, &args);
+        assert_eq!(out.status.code(), Some(1), "{name}: {}{}", text(&out.stdout), text(&out.stderr));
+        (read_json(&json), text(&out.stdout))
+    };
+    let full_json = |side: &str| golden_dir().join(format!("{side}.json")).to_str().unwrap().to_string();
+    let (full, _) = report("full", [&full_json("base"), &full_json("new")]);
+    let (both_short, out) = report("both-short", [&short[0], &short[1]]);
+    assert!(!out.contains("short file paths"), "{out}");
+    let (mixed, out) = report("mixed", [&short[0], &full_json("new")]);
+    assert!(out.contains("BASE has short file paths (collapsed, written with --paths short) and NEW full ones"), "{out}");
+    // Same functions, same shares; files in short form.
+    let rows = |r: &Value| {
+        let mut v: Vec<(String, String, f64, f64, String)> = r["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                let s = |k: &str| f[k].as_str().unwrap().to_string();
+                let file = s("file").replace("<stdlib>/", "").replace("<site-packages>/", "");
+                (s("function"), file, f["self"]["base_pct"].as_f64().unwrap(), f["total"]["new_pct"].as_f64().unwrap(), s("status"))
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    assert_eq!(rows(&both_short), rows(&full));
+    assert_eq!(rows(&mixed), rows(&full));
+    assert!(rows(&full).iter().any(|r| r.1 == "json/decoder.py"));
 }
 
 /// The fill colour of the rectangle whose tooltip starts with `label`.

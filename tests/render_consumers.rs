@@ -75,7 +75,7 @@ fn speedscope_validates_against_the_shipped_schema() {
 
     let scratch = Scratch::new("speedscope");
     let good = scratch.path("example.speedscope.json");
-    render(&Speedscope, &Profile::example(), &good);
+    render(&Speedscope::default(), &Profile::example(), &good);
     let validate =
         |data: &Path| run(Command::new(&ajv).args(["validate", "--spec=draft7", "--strict=false", "--all-errors", "-s"]).arg(&schema).arg("-d").arg(data));
     let (ok, text) = validate(&good);

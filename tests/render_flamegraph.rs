@@ -1,7 +1,9 @@
 //! The flame graph SVG really renders in a browser: headless Chromium loads the
-//! file written for `Profile::example()`, inferno's script runs without error
-//! (it removes the fixed width for fluid drawing and performs the search given
-//! as `?s=` in the URL), and the page shows every function.
+//! file written for `Profile::example()` (its files under the target's working
+//! directory), inferno's script runs without error (it removes the fixed
+//! width for fluid drawing and performs the search given as `?s=` in the
+//! URL), and the page shows every function with its short label while the
+//! tooltips carry the full paths.
 //!
 //! Needs Debian's `chromium` (scripts/setup-fixtures.sh installs it). Without
 //! it the test fails when CI=true and is skipped otherwise.
@@ -27,7 +29,10 @@ fn flamegraph_renders_in_headless_chromium() {
         return;
     };
 
-    let profile = Profile::example();
+    let mut profile = Profile::example();
+    for f in &mut profile.frames {
+        f.file = format!("{}/{}", profile.meta.cwd, f.file);
+    }
     let dir = temp_dir("flamegraph");
     let svg_path = dir.join("flame.svg");
     let mut file = std::fs::File::create(&svg_path).unwrap();
@@ -56,20 +61,27 @@ fn flamegraph_renders_in_headless_chromium() {
     // its rectangle is painted in the search colour and the button changed.
     assert!(dom.contains(">Matched: 66.7%</text>"), "search did not run\n{}", context());
     assert!(dom.contains(">Reset Search</text>"), "search button not updated\n{}", context());
-    let work = dom.find("<title>work (lib/ü.py:2) (100 samples, 66.67%)</title>").unwrap_or_else(|| panic!("no work frame\n{}", context()));
+    let work =
+        dom.find("<title>work (lib/ü.py:2) (100 samples, 66.67%; /home/me/app/lib/ü.py:2)</title>").unwrap_or_else(|| panic!("no work frame\n{}", context()));
     let work_rect = &dom[work..work + dom[work..].find("/>").unwrap()];
     assert!(work_rect.contains("fill=\"rgb(230,0,230)\""), "work not highlighted: {work_rect}");
 
-    // The page shows the title and every function, on screen (<text>) and in
-    // the tooltips (<title>, with the sample counts).
+    // The page shows the title and every function, on screen (<text>, which
+    // the script redrew from the tooltips: still the short labels) and in
+    // the tooltips (<title>, with the sample counts and the full paths).
     assert!(dom.contains(">python3 app.py (pid 4242, Python 3.12.1) · 100 Hz · 150 samples · 1.5 s</text>"), "title\n{}", context());
     let texts: Vec<&str> = dom.split("<text").skip(1).map(|t| &t[t.find('>').unwrap() + 1..t.find("</text>").unwrap()]).collect();
     for frame in &profile.frames {
         let name = xml_escape(&frame.function);
         assert!(texts.iter().any(|t| t.starts_with(&name)), "{} not drawn; texts: {texts:#?}", frame.function);
-        assert!(dom.contains(&format!("<title>{} (", xml_escape(&frame.label()))), "no tooltip for {}\n{}", frame.label(), context());
     }
-    for tooltip in ["all (150 samples, 100%)", "main (app.py:5) (120 samples, 80.00%)", "Other.sleep &lt;&amp;&gt; (app.py:7) (30 samples, 20.00%)"] {
+    assert!(texts.contains(&"main (app.py:5) "), "the frame's text is its short label; texts: {texts:#?}");
+    assert!(!texts.iter().any(|t| t.contains("/home/me")), "a full path is drawn; texts: {texts:#?}");
+    for tooltip in [
+        "all (150 samples, 100%)",
+        "main (app.py:5) (120 samples, 80.00%; /home/me/app/app.py:5)",
+        "Other.sleep &lt;&amp;&gt; (app.py:7) (30 samples, 20.00%; /home/me/app/app.py:7)",
+    ] {
         assert!(dom.contains(&format!("<title>{tooltip}</title>")), "no tooltip {tooltip}\n{}", context());
     }
 

@@ -115,6 +115,7 @@ pub fn parse_collapsed(text: &str) -> anyhow::Result<Profile> {
     let meta = Meta {
         pid: 0,
         command: Vec::new(),
+        cwd: String::new(),
         python_version: String::new(),
         mode: String::new(),
         rate_hz: 0.0,
@@ -193,7 +194,7 @@ mod tests {
     fn collapsed_round_trip_keeps_counts() {
         let p = Profile::example();
         let mut buf = Vec::new();
-        Collapsed.write(&p, &mut buf).unwrap();
+        Collapsed::default().write(&p, &mut buf).unwrap();
         let input = parse(&buf, "x.txt").unwrap();
         assert_eq!(input.kind, InputKind::Collapsed);
         assert!(input.meta().is_none());

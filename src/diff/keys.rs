@@ -2,7 +2,8 @@
 //! relative to the project), a line additionally by its line number, so that
 //! profiles taken on other machines, checkouts and Python versions line up.
 //!
-//! File paths are normalised in this order:
+//! File paths are normalised by [`crate::profile::paths::locate`], the reading
+//! the labels' short paths come from too, in this order:
 //! 1. the standard library and installed packages lose their
 //!    interpreter-specific location: `…/lib/python3.12/json/decoder.py` →
 //!    `<stdlib>/json/decoder.py`, `…/site-packages/requests/api.py` (or
@@ -12,6 +13,10 @@
 //!    current directory) is made relative to it;
 //! 4. a leading `./` is dropped.
 //!
+//! A collapsed file written with `record --paths short` holds only short
+//! paths (`json/decoder.py`, `demo.py`); when one side is such a file, both
+//! sides are compared in that short form ([`KeyOptions::short_paths`]).
+//!
 //! Native frames keep only the library's file name. Synthetic `--threads` and
 //! `--subprocesses` roots are left out (their names carry pids), but their
 //! samples still count in the total.
@@ -20,6 +25,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use crate::output::collapsed::sanitize_label;
 use crate::profile::model::{Frame, FrameKind, Profile};
+use crate::profile::paths::{self, Location};
 
 /// How frames become keys.
 #[derive(Debug, Clone, Default)]
@@ -30,6 +36,10 @@ pub struct KeyOptions {
     pub strip_prefixes: Vec<String>,
     /// Paths under this directory are made relative to it.
     pub root: Option<String>,
+    /// Compare paths in their short form (`json/decoder.py`, not
+    /// `<stdlib>/json/decoder.py`): set when a side is a collapsed file
+    /// written with `record --paths short`, which has nothing longer.
+    pub short_paths: bool,
 }
 
 /// A function (or, with `--lines`, a line) as compared across profiles.
@@ -65,67 +75,18 @@ pub struct Tally {
     pub folded: BTreeMap<String, u64>,
 }
 
-/// `/lib/python3.12/rest`, `/lib64/python3.13t/rest` → `rest`.
-fn after_python_lib(path: &str) -> Option<&str> {
-    let mut search = 0;
-    while let Some(at) = path[search..].find("/python3.") {
-        let begin = search + at;
-        let before = &path[..begin];
-        let after = &path[begin + "/python3.".len()..];
-        search = begin + 1;
-        if !(before.ends_with("/lib") || before.ends_with("/lib64") || before == "lib" || before == "lib64") {
-            continue;
-        }
-        let digits = after.chars().take_while(char::is_ascii_digit).count();
-        if digits == 0 {
-            continue;
-        }
-        let rest = &after[digits..];
-        let rest = rest.trim_start_matches(|c: char| c.is_ascii_alphabetic());
-        if let Some(rest) = rest.strip_prefix('/') {
-            return Some(rest);
-        }
-    }
-    None
-}
-
 impl KeyOptions {
     /// The comparable form of a Python file path (see the module documentation).
     pub fn normalize_path(&self, file: &str) -> String {
-        if file.is_empty() || file.starts_with('<') {
-            return file.to_string();
+        let location = paths::locate(file, &self.strip_prefixes, self.root.as_deref());
+        if self.short_paths {
+            return location.short().to_string();
         }
-        for marker in ["/site-packages/", "/dist-packages/"] {
-            if let Some(at) = file.rfind(marker) {
-                return format!("<site-packages>/{}", &file[at + marker.len()..]);
-            }
+        match location {
+            Location::Stdlib(rest) => format!("<stdlib>/{rest}"),
+            Location::Package(rest) => format!("<site-packages>/{rest}"),
+            Location::NotAFile(s) | Location::Relative(s) | Location::Other(s) => s.to_string(),
         }
-        if let Some(rest) = after_python_lib(file) {
-            return format!("<stdlib>/{rest}");
-        }
-        let mut best: Option<&str> = None;
-        for p in &self.strip_prefixes {
-            if !p.is_empty() && file.starts_with(p.as_str()) && best.is_none_or(|b| p.len() > b.len()) {
-                best = Some(p);
-            }
-        }
-        let mut out = match best {
-            Some(p) => file[p.len()..].trim_start_matches('/'),
-            None => match &self.root {
-                Some(root) => {
-                    let root = root.trim_end_matches('/');
-                    match file.strip_prefix(root) {
-                        Some(rest) if !root.is_empty() && rest.starts_with('/') => rest.trim_start_matches('/'),
-                        _ => file,
-                    }
-                }
-                None => file,
-            },
-        };
-        while let Some(rest) = out.strip_prefix("./") {
-            out = rest;
-        }
-        out.to_string()
     }
 
     /// The key of a frame; None for synthetic roots.
@@ -228,7 +189,12 @@ mod tests {
     use crate::profile::model::Stack;
 
     fn opts() -> KeyOptions {
-        KeyOptions { lines: false, strip_prefixes: vec!["/builds/base".into(), "/builds/base/src/".into()], root: Some("/home/me/proj/".into()) }
+        KeyOptions {
+            lines: false,
+            strip_prefixes: vec!["/builds/base".into(), "/builds/base/src/".into()],
+            root: Some("/home/me/proj/".into()),
+            short_paths: false,
+        }
     }
 
     #[test]
@@ -246,6 +212,13 @@ mod tests {
         assert_eq!(o.normalize_path("/home/me/project2/x.py"), "/home/me/project2/x.py");
         assert_eq!(o.normalize_path("./bench.py"), "bench.py");
         assert_eq!(o.normalize_path("/srv/python3.12/x.py"), "/srv/python3.12/x.py");
+        let short = KeyOptions { short_paths: true, ..opts() };
+        assert_eq!(short.normalize_path("/usr/lib/python3.11/json/decoder.py"), "json/decoder.py");
+        assert_eq!(short.normalize_path("json/decoder.py"), "json/decoder.py");
+        assert_eq!(short.normalize_path("/venv/lib/python3.12/site-packages/requests/api.py"), "requests/api.py");
+        assert_eq!(short.normalize_path("/builds/base/src/app/x.py"), "app/x.py");
+        assert_eq!(short.normalize_path("/home/me/proj/app/x.py"), "app/x.py");
+        assert_eq!(short.normalize_path("/home/me/project2/x.py"), "x.py");
     }
 
     #[test]

@@ -235,6 +235,13 @@ fn lacks_lines(input: &Input) -> bool {
     python.peek().is_some() && python.all(|f| f.line.is_none())
 }
 
+/// True for a collapsed file written with `record --paths short`: Python
+/// frames, and not one absolute path among them.
+fn has_short_paths(input: &Input) -> bool {
+    let mut python = input.profile.frames.iter().filter(|f| f.kind == crate::profile::model::FrameKind::Python && !f.file.is_empty()).peekable();
+    input.kind == input::InputKind::Collapsed && python.peek().is_some() && python.all(|f| !f.file.starts_with('/'))
+}
+
 /// Compares two loaded profiles.
 pub fn compare(base: &Input, new: &Input, cfg: &DiffConfig) -> anyhow::Result<Diff> {
     if !(cfg.alpha > 0.0 && cfg.alpha < 1.0) {
@@ -265,8 +272,23 @@ pub fn compare(base: &Input, new: &Input, cfg: &DiffConfig) -> anyhow::Result<Di
             warnings.push(w);
         }
     }
-    let mut kb = cfg.keys.frame_keys(&base.profile);
-    let mut kn = cfg.keys.frame_keys(&new.profile);
+    // Short paths on one side only: compare both in their short form.
+    let mut keys = cfg.keys.clone();
+    match (has_short_paths(base), has_short_paths(new)) {
+        (false, false) => {}
+        (short_base, short_new) => {
+            keys.short_paths = true;
+            if short_base != short_new {
+                let (short, full) = if short_base { ("BASE", "NEW") } else { ("NEW", "BASE") };
+                warnings.push(format!(
+                    "{short} has short file paths (collapsed, written with --paths short) and {full} full ones: files are compared by their short paths \
+                     (json/decoder.py, app/x.py under --root, else the file name), so two files with the same short path count as one"
+                ));
+            }
+        }
+    }
+    let mut kb = keys.frame_keys(&base.profile);
+    let mut kn = keys.frame_keys(&new.profile);
     let renamed = keys::match_unqualified(&mut kb, &mut kn);
     let tb = keys::tally(&base.profile, &kb);
     let tn = keys::tally(&new.profile, &kn);

@@ -2,11 +2,15 @@
 //! `root;caller;leaf COUNT`, the format of Brendan Gregg's `stackcollapse-*`
 //! scripts that inferno, FlameGraph and speedscope import.
 //!
-//! Frames are rendered with [`Frame::label`] (`qualname (file:line)`), root
-//! first. Stacks whose label sequences are equal (for example the same code
-//! running on two threads when `--threads` roots are off) are merged into one
-//! line with the counts summed, and lines are sorted bytewise so the output is
-//! deterministic (and already in the order inferno wants).
+//! Frames are rendered with their label (`qualname (file:line)`), root
+//! first, as the writer's [`View`] says: by default exact (full paths, every
+//! frame: the format `pyprof diff` and other programs read), or with
+//! `--paths short` / `--import-frames hide` as the flame graph shows them.
+//! Stacks whose label sequences are equal (for example the same code
+//! running on two threads when `--threads` roots are off, or stacks that
+//! differ only in hidden frames) are merged into one line with the counts
+//! summed, and lines are sorted bytewise so the output is deterministic (and
+//! already in the order inferno wants).
 //!
 //! # Label escaping
 //!
@@ -34,14 +38,21 @@
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
 
-use crate::output::Writer;
-#[cfg(doc)]
-use crate::profile::model::Frame;
+use crate::output::{View, Writer};
 use crate::profile::model::Profile;
 
 /// The collapsed-stacks writer; see the module documentation.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Collapsed;
+#[derive(Debug, Clone, Copy)]
+pub struct Collapsed {
+    pub view: View,
+}
+
+impl Default for Collapsed {
+    /// Exact: full paths and every frame, as `pyprof diff` reads best.
+    fn default() -> Collapsed {
+        Collapsed { view: View::EXACT }
+    }
+}
 
 /// Makes a frame label safe for one field of a collapsed line (see the module
 /// documentation for the rules).
@@ -67,17 +78,19 @@ pub fn sanitize_label(label: &str) -> String {
 }
 
 /// The folded stack (without the count) and merged count of every distinct
-/// label sequence, sorted by stack.
-pub fn stacks(profile: &Profile) -> BTreeMap<String, u64> {
-    let labels: Vec<String> = profile.frames.iter().map(|f| sanitize_label(&f.label())).collect();
+/// label sequence, sorted by stack, frames shown as `view` says.
+pub fn stacks(profile: &Profile, view: View) -> BTreeMap<String, u64> {
+    let labels: Vec<String> = view.labels(profile).iter().map(|l| sanitize_label(l)).collect();
     let mut merged: BTreeMap<String, u64> = BTreeMap::new();
     let mut key = String::new();
+    let mut shown = Vec::new();
     for stack in &profile.stacks {
         if stack.count == 0 || stack.frames.is_empty() {
             continue;
         }
+        view.stack_frames(profile, &stack.frames, &mut shown);
         key.clear();
-        for (n, &index) in stack.frames.iter().enumerate() {
+        for (n, &index) in shown.iter().enumerate() {
             if n > 0 {
                 key.push(';');
             }
@@ -99,14 +112,14 @@ pub fn stacks(profile: &Profile) -> BTreeMap<String, u64> {
 
 /// The collapsed lines, `frame;frame;frame count` root first, merged and
 /// sorted, without trailing newlines.
-pub fn lines(profile: &Profile) -> Vec<String> {
-    stacks(profile).into_iter().map(|(stack, count)| format!("{stack} {count}")).collect()
+pub fn lines(profile: &Profile, view: View) -> Vec<String> {
+    stacks(profile, view).into_iter().map(|(stack, count)| format!("{stack} {count}")).collect()
 }
 
 impl Writer for Collapsed {
     fn write(&self, profile: &Profile, out: &mut dyn Write) -> anyhow::Result<()> {
         let mut out = BufWriter::new(out);
-        for line in lines(profile) {
+        for line in lines(profile, self.view) {
             out.write_all(line.as_bytes())?;
             out.write_all(b"\n")?;
         }
@@ -122,7 +135,7 @@ mod tests {
 
     fn render(profile: &Profile) -> String {
         let mut out = Vec::new();
-        Collapsed.write(profile, &mut out).unwrap();
+        Collapsed::default().write(profile, &mut out).unwrap();
         String::from_utf8(out).unwrap()
     }
 
@@ -134,6 +147,30 @@ mod tests {
              <module> (app.py:10);main (app.py:5) 20\n\
              <module> (app.py:10);main (app.py:5);work (lib/ü.py:2) 100\n"
         );
+    }
+
+    #[test]
+    fn exact_by_default_readable_on_request() {
+        let py = |function: &str, file: &str, line| Frame { function: function.into(), file: file.into(), line: Some(line), kind: FrameKind::Python };
+        let mut p = Profile::example();
+        p.meta.cwd = "/tmp/x".into();
+        p.frames = vec![
+            py("<module>", "/tmp/x/app.py", 1),
+            py("_find_and_load", "<frozen importlib._bootstrap>", 1176),
+            py("<module>", "/usr/lib/python3.12/json/__init__.py", 106),
+            py("_call_with_frames_removed", "<frozen importlib._bootstrap>", 241),
+        ];
+        p.stacks = vec![Stack { frames: vec![0, 1, 2], thread: 0, count: 3 }, Stack { frames: vec![0, 1, 3, 2], thread: 0, count: 4 }];
+        assert_eq!(
+            render(&p),
+            "<module> (/tmp/x/app.py:1);_find_and_load (<frozen importlib._bootstrap>:1176);<module> (/usr/lib/python3.12/json/__init__.py:106) 3\n\
+             <module> (/tmp/x/app.py:1);_find_and_load (<frozen importlib._bootstrap>:1176);_call_with_frames_removed (<frozen importlib._bootstrap>:241);<module> (/usr/lib/python3.12/json/__init__.py:106) 4\n"
+        );
+        // Readable: short paths, and the stacks that differed only in import
+        // machinery are one line.
+        let mut out = Vec::new();
+        Collapsed { view: View::READABLE }.write(&p, &mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "<module> (app.py:1);<module> (json/__init__.py:106) 7\n");
     }
 
     #[test]
@@ -151,7 +188,7 @@ mod tests {
         // Out of order in the input.
         p.stacks.insert(0, Stack { frames: vec![1], thread: 0, count: 1 });
         assert_eq!(
-            lines(&p),
+            lines(&p, View::EXACT),
             vec![
                 "<module> (app.py:10);Other.sleep <&> (app.py:7) 30",
                 "<module> (app.py:10);main (app.py:5) 20",
@@ -186,7 +223,7 @@ mod tests {
             frame("tail 99", "", None, FrameKind::Native),
         ];
         p.stacks = vec![Stack { frames: vec![0, 1, 2, 3], thread: 0, count: 4 }];
-        let lines = lines(&p);
+        let lines = lines(&p, View::EXACT);
         assert_eq!(lines, vec!["thread worker\u{a0}7;odd:name\\n (x.py:1);memcpy (libc.so.6);tail\u{a0}99 4"]);
         // Parse like inferno: the count is after the last space, and no
         // second number precedes it.

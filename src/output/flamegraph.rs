@@ -8,14 +8,29 @@
 //! count appear at the bottom. Labels too long for their frame are cut at the
 //! right, so the function name stays visible.
 //!
+//! # Labels and tooltips
+//!
+//! Frames are labelled as the options' [`View`] says, by default readable
+//! (`output::view`): `is_prime (examples/demo.py:12)`, and no import
+//! machinery between a module and the module it imports. With short paths
+//! each Python frame's tooltip (and the line at the bottom on hover) also
+//! gives the full path: `is_prime (examples/demo.py:12) (1,234 samples,
+//! 20.13%; /home/me/examples/demo.py:12)`, so a search (`?s=`) matches
+//! directories too. The full path goes inside the last parentheses on
+//! purpose: inferno's script redraws each frame's text from its tooltip
+//! minus the last parenthesised group (at load, on resize and zoom), so the
+//! frames keep the short label. A path that itself holds a parenthesis is
+//! left out of the tooltip (it would end the group early).
+//!
 //! # Colours
 //!
-//! Python frames use inferno's `python` palette, which looks at the label's
-//! file path: red for application code, yellow for the standard library
-//! (`…/python3.12/…`, `<frozen …>`), aqua for `site-packages`. The shade
-//! within that hue comes from a hash of the label (inferno's `hash` mode, or
-//! its FNV `deterministic` mode with [`FlamegraphOptions::deterministic`]),
-//! never from a random number, so the same profile always gives the same SVG.
+//! Python frames are coloured the way inferno's `python` palette colours
+//! full paths, but from the frame's full path rather than its (possibly
+//! short) label: red for application code, yellow for the standard library
+//! (and `<frozen …>` modules), aqua for installed packages
+//! (`site-packages`). The shade within that hue comes from an FNV hash of
+//! the label, never from a random number, so the same profile always gives
+//! the same SVG.
 //!
 //! Native frames are drawn in blue and the synthetic `--threads` /
 //! `--subprocesses` roots in grey-green. inferno 0.12 has two per-frame colour
@@ -23,30 +38,33 @@
 //! `js` and `perl` palettes understand (the `python` palette ignores them, and
 //! the suffix would also leak into the collapsed text other tools read), and
 //! the palette map ([`Options::palette_map`]), a label → colour table that is
-//! consulted before the palette for every frame. We use the palette map: it is
-//! seeded with a colour for every native and synthetic frame label (a blue
-//! shade picked by an FNV hash of the label), and inferno fills in the Python
-//! frames from its palette as it draws. The labels themselves stay untouched.
-//! The map is keyed by label, so a Python frame with exactly the label of a
-//! native frame would share its colour (labels of the two kinds differ in
-//! practice: Python ones carry `file.py:line`).
+//! consulted before the palette for every frame. We use the palette map,
+//! seeded with a colour for every frame label; the labels themselves stay
+//! untouched. inferno's palette (its `hash` or `deterministic` scheme,
+//! [`FlamegraphOptions::deterministic`]) only colours what the map lacks: the
+//! `all` root. The map is keyed by label, so a Python frame with exactly the
+//! label of a native frame would share its colour (labels of the two kinds
+//! differ in practice: Python ones carry `file.py:line`).
 
-use std::collections::BTreeMap;
-use std::io::{BufWriter, Write};
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
 
 use anyhow::Context;
 use inferno::flamegraph::color::{Color, MultiPalette, Palette, PaletteMap};
 use inferno::flamegraph::{Direction, Options, TextTruncateDirection};
 
-use crate::output::Writer;
 use crate::output::collapsed::{self, sanitize_label};
+use crate::output::{Paths, View, Writer};
 use crate::profile::model::{FrameKind, Meta, Profile};
+use crate::profile::paths::{Location, locate};
 
 /// What the user may change about the flame graph. `Default` gives the
 /// standard picture: generated title and subtitle, fluid width, root at the
-/// bottom.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// bottom, readable labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlamegraphOptions {
+    /// How frames are labelled and which are shown (`output::view`).
+    pub view: View,
     /// Replaces the generated title (see [`title`]).
     pub title: Option<String>,
     /// Replaces the generated subtitle (see [`subtitle`]); `Some("")` shows none.
@@ -66,17 +84,25 @@ pub struct FlamegraphOptions {
     pub deterministic: bool,
 }
 
+impl Default for FlamegraphOptions {
+    fn default() -> FlamegraphOptions {
+        FlamegraphOptions { view: View::READABLE, title: None, subtitle: None, width: None, reverse: false, inverted: false, deterministic: false }
+    }
+}
+
 /// The flame graph writer.
 #[derive(Debug, Clone, Default)]
 pub struct Flamegraph {
     pub options: FlamegraphOptions,
 }
 
-/// The generated title: command line, pid, Python version, rate, samples and
-/// duration, e.g. `python3 app.py (pid 4242, Python 3.12.1) · 100 Hz · 150 samples · 1.5 s`.
+/// The generated title: command line (the program by its file name), pid,
+/// Python version, rate, samples and duration, e.g.
+/// `python3 app.py (pid 4242, Python 3.12.1) · 100 Hz · 150 samples · 1.5 s`.
 pub fn title(meta: &Meta, total_samples: u64) -> String {
     const MAX_COMMAND: usize = 100;
-    let mut command = meta.command.join(" ");
+    let program = meta.command.first().map(|p| p.rsplit('/').next().unwrap_or(p));
+    let mut command = program.into_iter().chain(meta.command.iter().skip(1).map(String::as_str)).collect::<Vec<_>>().join(" ");
     if command.chars().count() > MAX_COMMAND {
         command = command.chars().take(MAX_COMMAND - 1).collect::<String>() + "…";
     }
@@ -146,15 +172,27 @@ fn root_color(label: &str) -> Color {
     Color { r: 150 + (40.0 * v) as u8, g: 185 + (40.0 * v) as u8, b: 150 + (40.0 * v) as u8 }
 }
 
-/// The palette map that gives native and synthetic frames their colours (see
-/// the module documentation); Python frames are left to inferno's palette.
-pub fn frame_palette(profile: &Profile) -> PaletteMap {
+/// Python frames: red for application code, yellow for the standard
+/// library, aqua for installed packages, told by the full path `file`.
+fn python_color(label: &str, file: &str) -> Color {
+    let (v1, v2) = (unit_hash(label, 4), unit_hash(label, 5));
+    match locate(file, &[], None) {
+        Location::Package(_) => Color { r: 50 + (60.0 * v1) as u8, g: 165 + (55.0 * v2) as u8, b: 165 + (55.0 * v2) as u8 },
+        Location::Stdlib(_) => Color { r: 175 + (55.0 * v1) as u8, g: 175 + (55.0 * v1) as u8, b: 50 + (20.0 * v2) as u8 },
+        Location::NotAFile(name) if name.starts_with("<frozen") => Color { r: 175 + (55.0 * v1) as u8, g: 175 + (55.0 * v1) as u8, b: 50 + (20.0 * v2) as u8 },
+        _ => Color { r: 205 + (50.0 * v1) as u8, g: 50 + (80.0 * v2) as u8, b: 50 + (80.0 * v2) as u8 },
+    }
+}
+
+/// The palette map that gives every frame its colour (see the module
+/// documentation), keyed by the labels `view` shows.
+pub fn frame_palette(profile: &Profile, view: View) -> PaletteMap {
     // BTreeMap first so the first frame of a label wins regardless of hashing.
     let mut colors: BTreeMap<String, Color> = BTreeMap::new();
-    for frame in &profile.frames {
-        let label = sanitize_label(&frame.label());
+    for (frame, label) in profile.frames.iter().zip(view.labels(profile)) {
+        let label = sanitize_label(&label);
         let color = match frame.kind {
-            FrameKind::Python => continue,
+            FrameKind::Python => python_color(&label, &frame.file),
             FrameKind::Native => native_color(&label),
             FrameKind::Thread | FrameKind::Process => root_color(&label),
         };
@@ -167,9 +205,63 @@ pub fn frame_palette(profile: &Profile) -> PaletteMap {
     map
 }
 
+/// Shown label → full location (`/abs/path.py:12`) of every Python frame
+/// whose label shows a shortened path.
+fn full_locations(profile: &Profile, view: View) -> HashMap<String, String> {
+    if view.paths == Paths::Full {
+        return HashMap::new();
+    }
+    let mut full = HashMap::new();
+    for (frame, label) in profile.frames.iter().zip(view.labels(profile)) {
+        let location = match frame.line {
+            Some(line) => format!("{}:{line}", frame.file),
+            None => frame.file.clone(),
+        };
+        if frame.kind == FrameKind::Python && label != frame.label() && !location.contains(['(', ')']) {
+            full.entry(sanitize_label(&label)).or_insert(location);
+        }
+    }
+    full
+}
+
+/// XML text as inferno writes it, back to the text.
+fn xml_unescape(s: &str) -> String {
+    s.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&apos;", "'").replace("&amp;", "&")
+}
+
+/// Puts each frame's full location at the end of its tooltip, inside the
+/// sample count's parentheses: `LABEL (N samples, P%)` becomes
+/// `LABEL (N samples, P%; /full/path.py:12)` (why there: module documentation).
+fn add_full_locations(svg: &str, full: &HashMap<String, String>) -> String {
+    if full.is_empty() {
+        return svg.to_string();
+    }
+    let mut out = String::with_capacity(svg.len() + svg.len() / 4);
+    let mut rest = svg;
+    while let Some(at) = rest.find("<title>") {
+        let start = at + "<title>".len();
+        let Some(len) = rest[start..].find("</title>") else { break };
+        let title = &rest[start..start + len];
+        out.push_str(&rest[..start]);
+        match title.rfind(" (").filter(|_| title.ends_with(')')).and_then(|i| Some((i, full.get(&xml_unescape(&title[..i]))?))) {
+            Some((_, location)) => {
+                out.push_str(&title[..title.len() - 1]);
+                out.push_str("; ");
+                out.push_str(&xml_escape(location));
+                out.push(')');
+            }
+            None => out.push_str(title),
+        }
+        rest = &rest[start + len..];
+    }
+    out.push_str(rest);
+    out
+}
+
 impl Writer for Flamegraph {
     fn write(&self, profile: &Profile, out: &mut dyn Write) -> anyhow::Result<()> {
-        let lines = collapsed::lines(profile);
+        let o = &self.options;
+        let lines = collapsed::lines(profile, o.view);
         if lines.is_empty() {
             // A recording that caught nothing (stopped at once, or every thread
             // idle under --mode cpu) still gets a valid file that says so.
@@ -181,8 +273,7 @@ impl Writer for Flamegraph {
             writeln!(out)?;
             return Ok(());
         }
-        let o = &self.options;
-        let mut palette = frame_palette(profile);
+        let mut palette = frame_palette(profile, o.view);
 
         let mut opt = Options::default();
         opt.title = match &o.title {
@@ -206,9 +297,11 @@ impl Writer for Flamegraph {
         opt.reverse_stack_order = o.reverse;
         opt.direction = if o.inverted { Direction::Inverted } else { Direction::Straight };
 
-        let mut w = BufWriter::new(out);
-        inferno::flamegraph::from_lines(&mut opt, lines.iter().map(String::as_str), &mut w).context("drawing the flame graph")?;
-        w.flush()?;
+        let mut svg = Vec::new();
+        inferno::flamegraph::from_lines(&mut opt, lines.iter().map(String::as_str), &mut svg).context("drawing the flame graph")?;
+        let svg = String::from_utf8(svg).context("inferno wrote a flame graph that is not UTF-8")?;
+        out.write_all(add_full_locations(&svg, &full_locations(profile, o.view)).as_bytes())?;
+        out.flush()?;
         Ok(())
     }
 }
@@ -294,6 +387,7 @@ mod tests {
                 reverse: true,
                 inverted: true,
                 deterministic: true,
+                view: View::READABLE,
             },
         );
         assert!(svg.contains(">custom title<"));
@@ -325,6 +419,75 @@ mod tests {
             let (r, g, b) = fill_of(&svg, "thread MainThread (4242)");
             assert!(g > r && g > b && r == b, "thread root: rgb({r},{g},{b})");
         }
+    }
+
+    /// The demo's frames as the target saw them, run from /tmp/x.
+    fn demo_profile() -> Profile {
+        let py = |function: &str, file: &str, line| Frame { function: function.into(), file: file.into(), line: Some(line), kind: FrameKind::Python };
+        let mut p = Profile::example();
+        p.meta.command = vec!["/root/.pyenv/versions/3.12.1/bin/python3".into(), "examples/demo.py".into()];
+        p.meta.cwd = "/tmp/x".into();
+        p.frames = vec![
+            py("<module>", "/tmp/x/examples/demo.py", 45),
+            py("is_prime", "/tmp/x/examples/demo.py", 12),
+            py("dumps", "/root/.pyenv/versions/3.12.1/lib/python3.12/json/__init__.py", 231),
+            py("get", "/tmp/x/.venv/lib/python3.12/site-packages/requests/api.py", 73),
+            py("_find_and_load", "<frozen importlib._bootstrap>", 1176),
+            py("odd", "/srv/we(ird)/odd.py", 1),
+        ];
+        p.stacks = vec![
+            Stack { frames: vec![0, 1], thread: 0, count: 100 },
+            Stack { frames: vec![0, 2], thread: 0, count: 30 },
+            Stack { frames: vec![0, 4, 3], thread: 0, count: 15 },
+            Stack { frames: vec![0, 5], thread: 0, count: 5 },
+        ];
+        p
+    }
+
+    #[test]
+    fn short_labels_with_full_paths_in_tooltips() {
+        let p = demo_profile();
+        let svg = render(&p, FlamegraphOptions { deterministic: true, ..Default::default() });
+        assert!(svg.contains(">python3 examples/demo.py (pid 4242, Python 3.12.1) · 100 Hz"), "the program by its name");
+        for tooltip in [
+            "is_prime (examples/demo.py:12) (100 samples, 66.67%; /tmp/x/examples/demo.py:12)",
+            "dumps (json/__init__.py:231) (30 samples, 20.00%; /root/.pyenv/versions/3.12.1/lib/python3.12/json/__init__.py:231)",
+            // The import machinery that only ran the import is hidden.
+            "get (requests/api.py:73) (15 samples, 10.00%; /tmp/x/.venv/lib/python3.12/site-packages/requests/api.py:73)",
+            // A path with a parenthesis would end inferno's group early: no path.
+            "odd (odd.py:1) (5 samples, 3.33%)",
+            "all (150 samples, 100%)",
+        ] {
+            assert!(svg.contains(&format!("<title>{}</title>", xml_escape(tooltip))), "no tooltip {tooltip}\n{svg}");
+        }
+        assert!(!svg.contains("_find_and_load"));
+        // Colours come from the full path: application red, standard library
+        // yellow, installed package aqua.
+        let (r, g, b) = fill_of(&svg, "is_prime (examples/demo.py:12)");
+        assert!(r >= 200 && g < 140 && b < 140, "application: rgb({r},{g},{b})");
+        let (r, g, b) = fill_of(&svg, "dumps (json/__init__.py:231)");
+        assert!(r >= 175 && r == g && b < 80, "stdlib: rgb({r},{g},{b})");
+        let (r, g, b) = fill_of(&svg, "get (requests/api.py:73)");
+        assert!(r < 120 && g >= 165 && g == b, "package: rgb({r},{g},{b})");
+
+        // --paths full --import-frames show: the labels of before.
+        let exact = render(&p, FlamegraphOptions { view: View::EXACT, deterministic: true, ..Default::default() });
+        assert!(exact.contains("<title>is_prime (/tmp/x/examples/demo.py:12) (100 samples, 66.67%)</title>"), "{exact}");
+        assert!(exact.contains("<title>_find_and_load (&lt;frozen importlib._bootstrap&gt;:1176) (15 samples, 10.00%)</title>"), "{exact}");
+        let (r, g, b) = fill_of(&exact, "dumps (/root/.pyenv/versions/3.12.1/lib/python3.12/json/__init__.py:231)");
+        assert!(r == g && b < 80, "stdlib: rgb({r},{g},{b})");
+    }
+
+    #[test]
+    fn tooltips_get_full_paths_only_where_labels_match() {
+        let full: HashMap<String, String> = [("f <x> (a.py:1)".to_string(), "/w/a&b/a.py:1".to_string())].into_iter().collect();
+        let svg =
+            "<g><title>f &lt;x&gt; (a.py:1) (1 samples, 1%)</title></g><g><title>f (a.py:1) (2 samples, 2%)</title></g><title>all (3 samples, 100%)</title>";
+        assert_eq!(
+            add_full_locations(svg, &full),
+            "<g><title>f &lt;x&gt; (a.py:1) (1 samples, 1%; /w/a&amp;b/a.py:1)</title></g><g><title>f (a.py:1) (2 samples, 2%)</title></g><title>all (3 samples, 100%)</title>"
+        );
+        assert_eq!(add_full_locations(svg, &HashMap::new()), svg);
     }
 
     #[test]

@@ -6,11 +6,13 @@ pub mod flamegraph;
 pub mod json;
 pub mod pprof;
 pub mod speedscope;
+pub mod view;
 
 use std::io::Write;
 use std::path::Path;
 
 use crate::profile::model::Profile;
+pub use view::{Paths, View};
 
 pub trait Writer {
     fn write(&self, profile: &Profile, out: &mut dyn Write) -> anyhow::Result<()>;
@@ -65,11 +67,22 @@ impl Format {
         })
     }
 
-    pub fn writer(self) -> Box<dyn Writer> {
+    /// How this format shows frames unless told otherwise (`output::view`):
+    /// pictures are readable, files that programs read are exact.
+    pub fn default_view(self) -> View {
         match self {
-            Format::Flamegraph => Box::new(flamegraph::Flamegraph { options: Default::default() }),
-            Format::Collapsed => Box::new(collapsed::Collapsed),
-            Format::Speedscope => Box::new(speedscope::Speedscope),
+            Format::Flamegraph | Format::Speedscope => View::READABLE,
+            Format::Collapsed | Format::Pprof | Format::Json => View::EXACT,
+        }
+    }
+
+    /// The writer of this format, showing frames as `view` says (JSON and
+    /// pprof always write every frame with its full path).
+    pub fn writer(self, view: View) -> Box<dyn Writer> {
+        match self {
+            Format::Flamegraph => Box::new(flamegraph::Flamegraph { options: flamegraph::FlamegraphOptions { view, ..Default::default() } }),
+            Format::Collapsed => Box::new(collapsed::Collapsed { view }),
+            Format::Speedscope => Box::new(speedscope::Speedscope { view }),
             Format::Pprof => Box::new(pprof::Pprof),
             Format::Json => Box::new(json::Json),
         }

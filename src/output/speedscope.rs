@@ -1,16 +1,31 @@
 //! Speedscope's JSON file format
 //! (<https://www.speedscope.app/file-format-schema.json>): one shared frame
 //! table and one "sampled" profile per thread, weighted by time.
+//!
+//! A frame's `name`, which speedscope draws on the frame and lists in its
+//! tables, is the label the flame graph shows (`output::view`: by default
+//! `is_prime (examples/demo.py:12)`, so two lines or two files of one function
+//! are told apart); `file` and `line` keep the full path, which speedscope
+//! shows on hover. Hidden import frames are left out of the samples.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 
 use serde::Serialize;
 
-use super::Writer;
+use super::{View, Writer};
 use crate::profile::model::{Profile, ThreadInfo};
 
-pub struct Speedscope;
+pub struct Speedscope {
+    pub view: View,
+}
+
+impl Default for Speedscope {
+    /// Readable labels, like the flame graph.
+    fn default() -> Speedscope {
+        Speedscope { view: View::READABLE }
+    }
+}
 
 const SCHEMA: &str = "https://www.speedscope.app/file-format-schema.json";
 
@@ -33,7 +48,7 @@ struct Shared<'a> {
 
 #[derive(Serialize)]
 struct SFrame<'a> {
-    name: &'a str,
+    name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     file: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -83,7 +98,9 @@ pub(crate) fn exporter_version(profile: &Profile) -> &str {
 
 impl Writer for Speedscope {
     fn write(&self, profile: &Profile, out: &mut dyn Write) -> anyhow::Result<()> {
-        let frames = profile.frames.iter().map(|f| SFrame { name: &f.function, file: (!f.file.is_empty()).then_some(f.file.as_str()), line: f.line }).collect();
+        let labels = self.view.labels(profile);
+        let frames =
+            profile.frames.iter().zip(labels).map(|(f, name)| SFrame { name, file: (!f.file.is_empty()).then_some(f.file.as_str()), line: f.line }).collect();
 
         // Weights in nanoseconds when the rate is known, else plain counts.
         let period = profile.period_ns();
@@ -102,7 +119,9 @@ impl Writer for Speedscope {
                 weights: Vec::new(),
             });
             let weight = stack.count.saturating_mul(scale);
-            p.samples.push(stack.frames.clone());
+            let mut shown = Vec::new();
+            self.view.stack_frames(profile, &stack.frames, &mut shown);
+            p.samples.push(shown);
             p.weights.push(weight);
             p.end_value = p.end_value.saturating_add(weight);
         }
@@ -132,7 +151,7 @@ mod tests {
 
     fn render(p: &Profile) -> Value {
         let mut buf = Vec::new();
-        Speedscope.write(p, &mut buf).unwrap();
+        Speedscope::default().write(p, &mut buf).unwrap();
         assert!(buf.ends_with(b"\n"));
         serde_json::from_slice(&buf).unwrap()
     }
@@ -148,9 +167,9 @@ mod tests {
 
         let frames = v["shared"]["frames"].as_array().unwrap();
         assert_eq!(frames.len(), p.frames.len());
-        assert_eq!(frames[0], json!({"name": "<module>", "file": "app.py", "line": 10}));
-        assert_eq!(frames[2], json!({"name": "work", "file": "lib/ü.py", "line": 2}));
-        assert_eq!(frames[3]["name"], "Other.sleep <&>");
+        assert_eq!(frames[0], json!({"name": "<module> (app.py:10)", "file": "app.py", "line": 10}));
+        assert_eq!(frames[2], json!({"name": "work (lib/ü.py:2)", "file": "lib/ü.py", "line": 2}));
+        assert_eq!(frames[3]["name"], "Other.sleep <&> (app.py:7)");
 
         let profiles = v["profiles"].as_array().unwrap();
         assert_eq!(profiles.len(), 1);
@@ -170,8 +189,8 @@ mod tests {
         let p = Profile::example();
         let mut a = Vec::new();
         let mut b = Vec::new();
-        Speedscope.write(&p, &mut a).unwrap();
-        Speedscope.write(&p, &mut b).unwrap();
+        Speedscope::default().write(&p, &mut a).unwrap();
+        Speedscope::default().write(&p, &mut b).unwrap();
         assert_eq!(a, b);
         // Field order is fixed by the struct, with "$schema" first.
         assert!(a.starts_with(b"{\"$schema\":"));
@@ -197,6 +216,33 @@ mod tests {
         assert_eq!(profiles[1]["samples"], json!([[0]]));
         assert_eq!(profiles[2]["endValue"], 500);
         assert_eq!(v["activeProfileIndex"], 2);
+    }
+
+    #[test]
+    fn names_are_readable_labels_files_stay_full() {
+        let mut p = Profile::example();
+        p.meta.cwd = "/home/me".into();
+        p.frames[0].file = "/home/me/app.py".into();
+        p.frames[1].file = "/home/me/app.py".into();
+        p.frames[2].file = "/usr/lib/python3.12/json/decoder.py".into();
+        p.frames[3] = crate::profile::model::Frame {
+            function: "_find_and_load".into(),
+            file: "<frozen importlib._bootstrap>".into(),
+            line: Some(1176),
+            kind: crate::profile::model::FrameKind::Python,
+        };
+        p.stacks[2].frames = vec![0, 3, 1];
+        let v = render(&p);
+        let frames = &v["shared"]["frames"];
+        assert_eq!(frames[1], json!({"name": "main (app.py:5)", "file": "/home/me/app.py", "line": 5}));
+        assert_eq!(frames[2], json!({"name": "work (json/decoder.py:2)", "file": "/usr/lib/python3.12/json/decoder.py", "line": 2}));
+        // The import machinery between <module> and main is not in the sample.
+        assert_eq!(v["profiles"][0]["samples"], json!([[0, 1, 2], [0, 1], [0, 1]]));
+        let mut exact = Vec::new();
+        Speedscope { view: View::EXACT }.write(&p, &mut exact).unwrap();
+        let exact: Value = serde_json::from_slice(&exact).unwrap();
+        assert_eq!(exact["shared"]["frames"][1]["name"], "main (/home/me/app.py:5)");
+        assert_eq!(exact["profiles"][0]["samples"], json!([[0, 1, 2], [0, 1], [0, 3, 1]]));
     }
 
     #[test]

@@ -15,6 +15,8 @@ use crate::error::{Error, Result, permission_hint};
 #[derive(Debug, Clone)]
 pub struct Target {
     pub pid: i32,
+    /// The working directory at attach, as the target sees it ([`cwd`]).
+    pub cwd: Option<String>,
 }
 
 impl Target {
@@ -41,7 +43,7 @@ impl Target {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::NoSuchProcess(pid)),
             Err(e) => return Err(e.into()),
         }
-        Ok(Target { pid })
+        Ok(Target { pid, cwd: cwd(pid) })
     }
 
     pub fn is_alive(&self) -> bool {
@@ -72,6 +74,33 @@ impl Target {
             .unwrap_or_default();
         tids.sort_unstable();
         tids
+    }
+}
+
+/// A process's working directory as the process sees it: /proc/PID/cwd
+/// shows it from here, so in a chroot (or a container whose root we can
+/// see) it starts with the process's root, /proc/PID/root, which is taken
+/// off to compare it with the paths its code objects carry. None when it
+/// cannot be read.
+pub fn cwd(pid: i32) -> Option<String> {
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+    let root = std::fs::read_link(format!("/proc/{pid}/root")).ok();
+    Some(inside_root(&cwd.to_string_lossy(), root.as_deref().map(|r| r.to_string_lossy()).as_deref().unwrap_or("/")))
+}
+
+/// `path` (as seen from here) as a process whose root is `root` sees it.
+fn inside_root(path: &str, root: &str) -> String {
+    // The kernel marks a removed directory; its path still prefixes the code's.
+    let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+    let root = root.trim_end_matches('/');
+    if root.is_empty() {
+        return path.to_string();
+    }
+    match path.strip_prefix(root) {
+        Some("") => "/".to_string(),
+        Some(rest) if rest.starts_with('/') => rest.to_string(),
+        // Outside its root (it changed directory before chroot): as read.
+        _ => path.to_string(),
     }
 }
 
@@ -122,4 +151,25 @@ pub fn descendants(roots: &[i32]) -> Vec<i32> {
             false
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cwd_inside_the_targets_root() {
+        assert_eq!(inside_root("/tmp/x", "/"), "/tmp/x");
+        assert_eq!(inside_root("/srv/sid/tmp/x", "/srv/sid"), "/tmp/x");
+        assert_eq!(inside_root("/srv/sid", "/srv/sid/"), "/");
+        assert_eq!(inside_root("/srv/sidecar/x", "/srv/sid"), "/srv/sidecar/x");
+        assert_eq!(inside_root("/tmp/gone (deleted)", "/"), "/tmp/gone");
+    }
+
+    #[test]
+    fn own_cwd() {
+        let here = std::env::current_dir().unwrap();
+        assert_eq!(cwd(std::process::id() as i32).as_deref(), Some(here.to_str().unwrap()));
+        assert_eq!(Target::attach(std::process::id() as i32).unwrap().cwd.as_deref(), Some(here.to_str().unwrap()));
+    }
 }

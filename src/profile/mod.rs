@@ -1,4 +1,6 @@
-//! Recorded samples: the model writers consume, and the bounded aggregator.
+//! Recorded samples: the model writers consume, the bounded aggregator, and
+//! what a source path says about its file (`paths`).
 
 pub mod aggregate;
 pub mod model;
+pub mod paths;

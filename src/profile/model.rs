@@ -16,13 +16,20 @@ pub struct Frame {
 }
 
 impl Frame {
-    /// `qualname (file:line)`, the label used by collapsed, flamegraph and speedscope output.
+    /// `qualname (file:line)` with the full path: the label of collapsed,
+    /// flame graph and speedscope output under `--paths full`
+    /// (`output::view` shortens it by default).
     pub fn label(&self) -> String {
+        self.label_showing(&self.file)
+    }
+
+    /// [`Frame::label`] showing `file` (a shortened path) for the frame's file.
+    pub fn label_showing(&self, file: &str) -> String {
         match (self.kind, self.line) {
             (FrameKind::Thread | FrameKind::Process, _) => self.function.clone(),
-            (_, Some(line)) => format!("{} ({}:{})", self.function, self.file, line),
-            (_, None) if self.file.is_empty() => self.function.clone(),
-            (_, None) => format!("{} ({})", self.function, self.file),
+            (_, Some(line)) => format!("{} ({}:{})", self.function, file, line),
+            (_, None) if file.is_empty() => self.function.clone(),
+            (_, None) => format!("{} ({})", self.function, file),
         }
     }
 }
@@ -48,6 +55,11 @@ pub struct Meta {
     pub pid: i32,
     /// The target's command line.
     pub command: Vec<String>,
+    /// The target's working directory when pyprof attached, as the target
+    /// sees it (inside its chroot or container); "" when unknown. Labels
+    /// show file paths relative to it (`output::view`).
+    #[serde(default)]
+    pub cwd: String,
     pub python_version: String,
     /// What the sampler counted: "wall", "cpu" or "gil".
     pub mode: String,
@@ -120,6 +132,7 @@ impl Profile {
             meta: Meta {
                 pid: 4242,
                 command: vec!["python3".into(), "app.py".into()],
+                cwd: "/home/me/app".into(),
                 python_version: "3.12.1".into(),
                 mode: "wall".into(),
                 rate_hz: 100.0,

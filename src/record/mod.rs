@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use crate::attach::AttachOptions;
-use crate::output::Format;
+use crate::output::{Format, View};
 use crate::profile::aggregate::{AggregateOptions, Aggregator};
 use crate::sampler::{self, Discover, SamplingConfig};
 use crate::session::Session;
@@ -31,6 +31,8 @@ pub struct RecordConfig {
     pub aggregate: AggregateOptions,
     pub output: PathBuf,
     pub format: Format,
+    /// How the output shows frames (`output::view`).
+    pub view: View,
     pub subprocesses: bool,
     pub quiet: bool,
     pub attach: AttachOptions,
@@ -67,7 +69,7 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
     let native = cfg.attach.native.is_some();
     let meta = summary::meta(cfg, &about, &stats, reason, start_time, agg.overflowed, native);
     let profile = agg.into_profile(meta);
-    let writer = cfg.format.writer();
+    let writer = cfg.format.writer(cfg.view);
     pending.commit(|w| writer.write(&profile, w))?;
     if !cfg.quiet {
         summary::print(cfg, &stats, reason, native);

@@ -12,13 +12,19 @@ use crate::session::Session;
 pub struct Target {
     pid: i32,
     command: Vec<String>,
+    cwd: String,
     python_version: String,
 }
 
 impl Target {
     pub fn of(s: &Session) -> Target {
         let a = s.attached();
-        Target { pid: s.pid(), command: a.target.cmdline(), python_version: a.interp.offsets.version.to_string() }
+        Target {
+            pid: s.pid(),
+            command: a.target.cmdline(),
+            cwd: a.target.cwd.clone().unwrap_or_default(),
+            python_version: a.interp.offsets.version.to_string(),
+        }
     }
 }
 
@@ -41,6 +47,7 @@ pub fn meta(cfg: &RecordConfig, t: &Target, stats: &SamplerStats, reason: StopRe
     Meta {
         pid: t.pid,
         command: t.command.clone(),
+        cwd: t.cwd.clone(),
         python_version: t.python_version.clone(),
         mode: cfg.sampling.mode.name().into(),
         rate_hz: cfg.sampling.rate_hz,

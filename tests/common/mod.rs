@@ -3,6 +3,9 @@
 //!
 //! Every interpreter of the matrix must be present when CI=true; on a
 //! developer machine a missing one is skipped with a message saying so.
+//! `PYPROF_INTERPRETERS=pyenv-3.12,sid-3.15` narrows the matrix to those
+//! labels, to run a test against one interpreter (CONTRIBUTING.md); the
+//! others count as skipped, and CI, which runs everything, refuses it.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
@@ -52,10 +55,26 @@ fn pyenv_root() -> PathBuf {
     std::env::var_os("PYENV_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".pyenv"))
 }
 
+/// Every label of the matrix, in its fixed order.
+pub const LABELS: [&str; 10] =
+    ["pyenv-3.8", "pyenv-3.9", "pyenv-3.10", "pyenv-3.11", "pyenv-3.12", "pyenv-3.13", "debian-static-3.11", "sid-3.13", "sid-3.14", "sid-3.15"];
+
+/// The labels `PYPROF_INTERPRETERS` asks for (None: the whole matrix).
+fn narrowed_to() -> Option<Vec<String>> {
+    let wanted = std::env::var("PYPROF_INTERPRETERS").ok().filter(|v| !v.trim().is_empty())?;
+    assert!(!in_ci(), "PYPROF_INTERPRETERS={wanted} narrows the matrix, and CI=true runs all of it");
+    let wanted: Vec<String> = wanted.split(',').map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect();
+    for l in &wanted {
+        assert!(LABELS.contains(&l.as_str()), "PYPROF_INTERPRETERS: no interpreter {l:?}; the labels are {}", LABELS.join(", "));
+    }
+    Some(wanted)
+}
+
 /// The whole matrix, in a fixed order. Missing interpreters fail in CI.
 pub fn interpreters() -> Vec<Interpreter> {
     let mut found = Vec::new();
-    let mut missing = Vec::new();
+    // (label, what is missing)
+    let mut missing: Vec<(String, String)> = Vec::new();
     for minor in 8..=13 {
         let versions = pyenv_root().join("versions");
         let exe = std::fs::read_dir(&versions).ok().and_then(|d| {
@@ -65,14 +84,14 @@ pub fn interpreters() -> Vec<Interpreter> {
         });
         match exe {
             Some(exe) => found.push(Interpreter { label: format!("pyenv-3.{minor}"), minor, exe, chroot: None }),
-            None => missing.push(format!("pyenv 3.{minor} under {}", versions.display())),
+            None => missing.push((format!("pyenv-3.{minor}"), format!("pyenv 3.{minor} under {}", versions.display()))),
         }
     }
     let debian = PathBuf::from("/usr/bin/python3.11");
     if debian.exists() {
         found.push(Interpreter { label: "debian-static-3.11".into(), minor: 11, exe: debian, chroot: None });
     } else {
-        missing.push("Debian /usr/bin/python3.11".into());
+        missing.push(("debian-static-3.11".into(), "Debian /usr/bin/python3.11".into()));
     }
     let sid = cache_dir().join("sid");
     for minor in 13..=15 {
@@ -80,15 +99,21 @@ pub fn interpreters() -> Vec<Interpreter> {
         if exe.exists() {
             found.push(Interpreter { label: format!("sid-3.{minor}"), minor, exe, chroot: Some(sid.clone()) });
         } else {
-            missing.push(format!("sid chroot python3.{minor} ({})", exe.display()));
+            missing.push((format!("sid-3.{minor}"), format!("sid chroot python3.{minor} ({})", exe.display())));
         }
     }
+    if let Some(wanted) = narrowed_to() {
+        let left_out: Vec<&str> = LABELS.iter().copied().filter(|l| !wanted.iter().any(|w| w == l)).collect();
+        skipped(&format!("PYPROF_INTERPRETERS={}: {} not run", wanted.join(","), left_out.join(", ")));
+        found.retain(|i| wanted.contains(&i.label));
+        missing.retain(|(label, _)| wanted.contains(label));
+    }
     if !missing.is_empty() {
-        let msg = format!("missing interpreters: {} (run scripts/setup-fixtures.sh)", missing.join(", "));
+        let msg = format!("missing interpreters: {} (run scripts/setup-fixtures.sh)", missing.iter().map(|(_, m)| m.as_str()).collect::<Vec<_>>().join(", "));
         if in_ci() {
             panic!("{msg}");
         }
-        for m in &missing {
+        for (_, m) in &missing {
             skipped(&format!("on this developer machine: {m} missing (run scripts/setup-fixtures.sh)"));
         }
     }
