@@ -1,0 +1,712 @@
+//! Are pyprof's sample shares true? Real processes of every interpreter of
+//! the matrix, measured against references that are exact by construction.
+//!
+//! - `short_callees_match_pyspy_at_1khz_and_10khz`: tests/scripts/short_calls.py
+//!   runs `t += f(g(p))` in `loop`. The leaf-function shares loop/g/f of
+//!   pyprof (default, exact sampling) at 1 kHz and at 10 kHz must be within
+//!   2 percentage points of py-spy's default mode (it stops the target for
+//!   every sample, so its stacks are of one instant), recorded on the same
+//!   process in the same test. A sampler that lets a short call slip away
+//!   while it reads gives the caller the callee's time.
+//! - `churn_long_loop_share_and_ticks_kept`: tests/scripts/time_slices.py
+//!   spends alternate 20 ms slices in `long_loop` (no calls) and in many
+//!   short calls (some entered from C) on a stack that grows and shrinks;
+//!   `long_loop`'s inclusive share must be within 2 pp of the target's own
+//!   account of its slices' wall time (50 % by design), and at least 99 %
+//!   of the ticks must become samples (a sampler that drops the reads a
+//!   changing stack tears loses the short-call slices' ticks).
+//! - `real_code_leaf_shares_match_pyspy`: CPython's own test cases of six
+//!   modules, run round after round in one process (tests/scripts/test_rounds.py),
+//!   launched under py-spy and under pyprof; the total variation distance
+//!   between their leaf-function shares must stay within a bound that two
+//!   py-spy runs meet with margin (see `REAL_TVD_BOUND`).
+//!
+//! How the bounds are made to hold by design (each constant says its
+//! numbers):
+//! - enough samples that binomial noise is a fraction of the bound (3.5
+//!   standard errors or more);
+//! - targets run at nice -20 and so do the profilers (`niced`): a target
+//!   that waits for a CPU is sampled at one instant over and over, which
+//!   multiplies the noise several times when anything else runs;
+//! - the short-call shares drift with the machine's load, so py-spy's and
+//!   pyprof's recordings are interleaved on one process in five cycles of
+//!   alternating order, and a reference whose recordings disagree among
+//!   themselves beyond binomial noise is not used to judge (`Outcome`);
+//! - real code is made a stationary workload (identical rounds of test
+//!   cases; only the samples under `measured_round` are compared);
+//! - a measurement beyond a bound is repeated once on a fresh target, and
+//!   fails only if the repeat is beyond it too (`judged`).
+//!
+//! The three tests take one lock (`heavy`), so they never run at the same
+//! time as each other: a second spinning target and profiler on this
+//! two-CPU machine would change what the first one measures. Each takes
+//! about two minutes here for the ten interpreters (short callees three,
+//! churn one). Every measurement's numbers go to stderr (`--nocapture`).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use pyprof::profile::model::{FrameKind, Profile};
+
+static HEAVY: Mutex<()> = Mutex::new(());
+
+fn heavy() -> MutexGuard<'static, ()> {
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const PYSPY_VERSION: &str = "0.4.3";
+
+/// The pinned py-spy of scripts/setup-fixtures.sh; None (skip) on a
+/// developer machine without it, a failure in CI.
+fn pyspy_bin() -> Option<PathBuf> {
+    let bin = cache_dir().join("tools/bin/py-spy");
+    if !bin.exists() {
+        let msg = format!("py-spy missing at {} (run scripts/setup-fixtures.sh)", bin.display());
+        if in_ci() {
+            panic!("{msg}");
+        }
+        skipped(&format!("on this developer machine: {msg}"));
+        return None;
+    }
+    let out = Command::new(&bin).arg("--version").output().expect("run py-spy --version");
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(version, format!("py-spy {PYSPY_VERSION}"), "the rates and output format used here are those of py-spy {PYSPY_VERSION}");
+    Some(bin)
+}
+
+/// Run a command to its end, killing it if it takes longer than `limit`.
+fn output_within(mut cmd: Command, limit: Duration) -> Output {
+    let child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let pid = child.id() as i32;
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("wait for child"),
+        Err(_) => {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            panic!("{cmd:?} took over {limit:?}");
+        }
+    }
+}
+
+/// `argv` run at the highest priority (nice -20; root only: elsewhere nice
+/// says so and runs it as it is). A target that other processes preempt
+/// stays still while it waits for a CPU, and a wall-clock sampler records
+/// that one instant over and over: with tests/record.rs running alongside,
+/// 1-second py-spy recordings of short_calls.py scattered over 56-70 % on
+/// `loop` (5,000 samples each, where binomial noise alone is 0.7 pp); at
+/// nice -20 they stayed within 59-63 %.
+fn niced(argv: Vec<String>) -> Vec<String> {
+    ["nice", "-n", "-20"].iter().map(|s| s.to_string()).chain(argv).collect()
+}
+
+/// A profiler, at the highest priority too: one that waits for a CPU skips
+/// ticks (at 10 kHz next to tests/record.rs pyprof skipped half of them),
+/// and ticks missing in bursts no longer sample the target's time evenly
+/// (time_slices.py's share was then off by up to 3.4 pp).
+fn niced_command(bin: &Path) -> Command {
+    let mut cmd = Command::new("nice");
+    cmd.args(["-n", "-20"]).arg(bin);
+    cmd
+}
+
+fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+// ---------------------------------------------------------------- recordings
+
+/// A sampled stack's Python frames, root first, each (function, file name
+/// without its directory: py-spy and pyprof spell directories differently).
+type Stack = Vec<(String, String)>;
+
+fn base_name(path: &str) -> String {
+    path.rsplit('/').next().unwrap_or(path).to_string()
+}
+
+/// One recording: its stacks with their sample counts, and for pyprof the
+/// summary line's "N samples over M ticks" and the profile itself.
+struct Recording {
+    stacks: Vec<(Stack, u64)>,
+    ticks: Option<u64>,
+    samples: u64,
+    profile: Option<Profile>,
+}
+
+impl Recording {
+    /// Samples by innermost frame, of the stacks that hold a frame of
+    /// function `under` (all stacks if None).
+    fn leaves(&self, under: Option<&str>) -> BTreeMap<(String, String), u64> {
+        let mut out = BTreeMap::new();
+        for (stack, n) in &self.stacks {
+            if under.is_some_and(|u| !stack.iter().any(|(f, _)| f == u)) {
+                continue;
+            }
+            let leaf = stack.last().cloned().unwrap_or_else(|| ("<no Python frame>".to_string(), String::new()));
+            *out.entry(leaf).or_insert(0) += n;
+        }
+        out
+    }
+
+    /// Samples by innermost frame's function name.
+    fn leaf_functions(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for ((function, _), n) in self.leaves(None) {
+            *out.entry(function).or_insert(0) += n;
+        }
+        out
+    }
+}
+
+/// py-spy's raw output: one line per stack, "frame;frame;... COUNT", root
+/// first, each frame "function (file:line)". CPython 3.13+ run a
+/// specialised `__init__` above a trampoline whose code object is named
+/// `__init__` in file `__init__`: the interpreter hides it and so does
+/// pyprof, py-spy 0.4.3 shows it (see tests/pyspy_oracle.rs); it is dropped.
+/// So are samples without a Python frame (py-spy records the start-up of a
+/// command it launches as an empty stack; pyprof records no sample there).
+fn parse_pyspy_raw(path: &Path) -> Vec<(Stack, u64)> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("py-spy wrote no {}: {e}", path.display()));
+    let mut stacks = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let (stack, count) = line.rsplit_once(' ').unwrap_or_else(|| panic!("py-spy raw line without a count: {line:?}"));
+        let count: u64 = count.parse().unwrap_or_else(|_| panic!("py-spy raw line with a bad count: {line:?}"));
+        let stack: Stack = stack
+            .split(';')
+            .filter(|frame| !frame.is_empty())
+            .map(|frame| match frame.rfind(" (") {
+                Some(i) if frame.ends_with(')') => {
+                    let location = &frame[i + 2..frame.len() - 1];
+                    let file = match location.rsplit_once(':') {
+                        Some((file, line)) if line.bytes().all(|b| b.is_ascii_digit()) => file,
+                        _ => location,
+                    };
+                    (frame[..i].to_string(), file.to_string())
+                }
+                _ => (frame.to_string(), String::new()),
+            })
+            .filter(|(function, file)| !(function == "__init__" && file == "__init__"))
+            .map(|(function, file)| (function, base_name(&file)))
+            .collect();
+        if !stack.is_empty() {
+            stacks.push((stack, count));
+        }
+    }
+    stacks
+}
+
+fn pyspy_result(what: &str, out: &Output, path: &Path) -> Recording {
+    assert!(out.status.success() && path.exists(), "{what} failed ({}): {}", out.status, stderr_of(out));
+    let stacks = parse_pyspy_raw(path);
+    let samples = stacks.iter().map(|(_, n)| n).sum();
+    Recording { stacks, ticks: None, samples, profile: None }
+}
+
+/// py-spy in its default mode (it stops the target for every sample) on a
+/// running process (py-spy takes whole seconds).
+fn pyspy_attach(pyspy: &Path, pid: i32, rate: u32, secs: u32, out: &Path) -> Recording {
+    let mut cmd = niced_command(pyspy);
+    cmd.args(["record", "--pid", &pid.to_string(), "-r", &rate.to_string(), "-d", &secs.to_string(), "-f", "raw", "-o"]).arg(out);
+    let output = output_within(cmd, Duration::from_secs(secs as u64 * 10 + 60));
+    pyspy_result(&format!("py-spy record --pid {pid} -r {rate}"), &output, out)
+}
+
+/// py-spy in its default mode on a command it starts.
+fn pyspy_launch(pyspy: &Path, argv: &[String], rate: u32, out: &Path, env: &[(&str, &str)], limit: Duration) -> Recording {
+    let mut cmd = niced_command(pyspy);
+    cmd.args(["record", "-r", &rate.to_string(), "-f", "raw", "-o"]).arg(out).arg("--").args(argv).envs(env.iter().copied());
+    let output = output_within(cmd, limit);
+    pyspy_result(&format!("py-spy record -r {rate} -- {}", argv.join(" ")), &output, out)
+}
+
+fn pyprof_result(what: &str, out: &Output, path: &Path) -> Recording {
+    let stderr = stderr_of(out);
+    assert!(out.status.success() && path.exists(), "{what} failed ({}): {stderr}", out.status);
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let profile = pyprof::output::json::read(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // "pyprof: N samples over M ticks in ..." (no -q, so it is printed).
+    let ticks = stderr.lines().find_map(|l| {
+        let rest = l.strip_prefix("pyprof: ")?;
+        let (samples, rest) = rest.split_once(" samples over ")?;
+        let (ticks, _) = rest.split_once(" ticks")?;
+        samples.parse::<u64>().ok()?;
+        ticks.parse::<u64>().ok()
+    });
+    let ticks = Some(ticks.unwrap_or_else(|| panic!("{what}: no \"N samples over M ticks\" on stderr: {stderr}")));
+    let stacks = profile
+        .stacks
+        .iter()
+        .map(|s| {
+            let frames = s.frames.iter().map(|&f| &profile.frames[f as usize]).filter(|f| f.kind == FrameKind::Python);
+            (frames.map(|f| (f.function.clone(), base_name(&f.file))).collect(), s.count)
+        })
+        .collect();
+    let samples = profile.meta.samples;
+    Recording { stacks, ticks, samples, profile: Some(profile) }
+}
+
+/// pyprof (default: wall mode, exact sampling) on a running process.
+fn pyprof_attach(pid: i32, rate: u32, secs: f64, out: &Path) -> Recording {
+    let mut cmd = niced_command(Path::new(pyprof_bin()));
+    cmd.args(["record", "--pid", &pid.to_string(), "-r", &rate.to_string(), "-d", &format!("{secs}"), "-f", "json", "-o"]).arg(out);
+    cmd.env_remove("PYPROF_RUNTIME_METHOD");
+    let output = output_within(cmd, Duration::from_secs_f64(secs * 10.0 + 60.0));
+    pyprof_result(&format!("pyprof record --pid {pid} -r {rate}"), &output, out)
+}
+
+/// pyprof on a command it starts.
+fn pyprof_launch(argv: &[String], rate: u32, out: &Path, env: &[(&str, &str)], limit: Duration) -> Recording {
+    let mut cmd = niced_command(Path::new(pyprof_bin()));
+    cmd.args(["record", "-r", &rate.to_string(), "-f", "json", "-o"]).arg(out).arg("--").args(argv).envs(env.iter().copied());
+    cmd.env_remove("PYPROF_RUNTIME_METHOD");
+    let output = output_within(cmd, limit);
+    pyprof_result(&format!("pyprof record -r {rate} -- {}", argv.join(" ")), &output, out)
+}
+
+/// Counts as percentages of their total.
+fn percent<K: Ord + Clone>(counts: &BTreeMap<K, u64>) -> BTreeMap<K, f64> {
+    let total: u64 = counts.values().sum();
+    counts.iter().map(|(k, &n)| (k.clone(), if total == 0 { 0.0 } else { 100.0 * n as f64 / total as f64 })).collect()
+}
+
+fn add_counts<K: Ord + Clone>(into: &mut BTreeMap<K, u64>, from: &BTreeMap<K, u64>) {
+    for (k, n) in from {
+        *into.entry(k.clone()).or_insert(0) += n;
+    }
+}
+
+// ---------------------------------------------------------------- short callees
+
+/// py-spy's rate: it sustains 5 kHz here (stopping the target for each
+/// sample) and falls behind at 10 kHz; its shares at 5 kHz and at 1 kHz
+/// agree (sid-3.14: loop/g/f 60.4/18.9/20.8 over 40,000 samples at 5 kHz,
+/// 60.0/19.7/20.3 over 8,000 at 1 kHz). A higher rate buys a tighter
+/// reference in the same time.
+const SPY_RATE: u32 = 5000;
+/// The recordings are interleaved in this many cycles (see below).
+const CYCLES: usize = 5;
+/// Per cycle: py-spy for 1 s (it takes whole seconds), pyprof at 1 kHz
+/// for 2 s and at 10 kHz for 0.4 s. In all: 25,000 py-spy samples
+/// (binomial standard error 0.31 pp on a 60 % share, the largest here),
+/// 10,000 at 1 kHz (0.49 pp; 0.58 pp for the difference, so the 2 pp bound
+/// is 3.5 standard errors) and 20,000 at 10 kHz (0.35 pp; 4.3 standard
+/// errors). The callees' 10-20 % shares have less noise.
+const SPY_SECS: u32 = 1;
+const SECS_1K: f64 = 2.0;
+const SECS_10K: f64 = 0.4;
+const SHORT_FUNCS: [&str; 3] = ["loop", "g", "f"];
+const SHORT_BOUND_PP: f64 = 2.0;
+/// A reference whose five recordings spread wider than this on any of the
+/// three shares is unsteady (see `Outcome::Unsteady`). Binomial noise alone
+/// (0.7 pp on a 1-s, 5,000-sample recording) spreads five recordings by
+/// 1.6 pp typically and past 4 pp less than once in a thousand; quiet, they
+/// spread 0.3-1.7 pp here, and up to 16 pp while a Rust build ran next to
+/// the test (the target at nice -20 still shares the memory system with it).
+const SPY_STEADY_PP: f64 = 4.0;
+
+fn fmt_shares(shares: &BTreeMap<String, f64>) -> String {
+    SHORT_FUNCS.iter().map(|f| format!("{:.1}", shares.get(*f).copied().unwrap_or(0.0))).collect::<Vec<_>>().join("/")
+}
+
+/// What one measurement found; each says its numbers.
+enum Outcome {
+    Within(String),
+    Beyond(String),
+    /// The reference did not hold still while it was recorded, so the
+    /// measurement says nothing about pyprof (it is not judged).
+    Unsteady(String),
+}
+
+/// Run `measure` until it is judged. The bounds are statistical (samples
+/// are a few standard errors from them at worst), so a measurement beyond
+/// a bound is repeated on a fresh target, and the test fails only if the
+/// repeat is beyond it too: a chance excursion, or a burst of load from
+/// outside the test, is then not a failure, while a real bias (the sampler
+/// this replaced was 4-18 pp off on the short callees) fails both. An
+/// unsteady measurement is repeated too; after three the case is skipped
+/// on a developer machine (said on stderr and counted by scripts/test.sh)
+/// and fails in CI.
+fn judged(test: &str, measure: impl Fn() -> Outcome) {
+    let (mut beyond, mut unsteady) = (Vec::new(), Vec::new());
+    loop {
+        match measure() {
+            Outcome::Within(numbers) => {
+                let again = if beyond.is_empty() && unsteady.is_empty() { "" } else { "measured again, " };
+                eprintln!("accuracy: {test} {again}within the bounds: {numbers}");
+                return;
+            }
+            Outcome::Beyond(numbers) => {
+                eprintln!("accuracy: {test} BEYOND A BOUND: {numbers}");
+                beyond.push(numbers);
+                assert!(beyond.len() < 2, "{}\nand again, on a fresh target:\n{}", beyond[0], beyond[1]);
+            }
+            Outcome::Unsteady(numbers) => {
+                eprintln!("accuracy: {test} reference unsteady, not judged: {numbers}");
+                unsteady.push(numbers);
+                if unsteady.len() == 3 {
+                    // Nothing else runs next to this test in CI (it holds
+                    // `heavy`, and cargo runs one test binary at a time):
+                    // there an unsteady workload is a fault of the set-up.
+                    let msg = format!("{test}: the reference never held still in 3 tries (is the machine busy?):\n{}", unsteady.join("\n"));
+                    if in_ci() {
+                        panic!("{msg}");
+                    }
+                    skipped(&format!("on this developer machine: {msg}"));
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// One measurement of short_calls.py: pyprof's leaf shares at 1 and 10 kHz
+/// against py-spy's on one process.
+fn measure_short_callees(py: &Interpreter, pyspy: &Path) -> Outcome {
+    let target = spawn_argv(&py.label, &niced(py.argv("short_calls.py", &[])));
+    let pid = target.pid();
+    let dir = temp_dir("short");
+    // Leaf-function counts of py-spy, and per pyprof rate.
+    let mut spy: BTreeMap<String, u64> = BTreeMap::new();
+    let mut spy_chunks: Vec<BTreeMap<String, f64>> = Vec::new();
+    let mut rates: BTreeMap<u32, BTreeMap<String, u64>> = BTreeMap::new();
+    let mut step = 0;
+    for cycle in 0..CYCLES {
+        let mut order = [0, 1000, 10_000];
+        if cycle % 2 == 1 {
+            order.reverse();
+        }
+        for rate in order {
+            step += 1;
+            if rate == 0 {
+                let rec = pyspy_attach(pyspy, pid, SPY_RATE, SPY_SECS, &dir.join(format!("pyspy-{step}.txt")));
+                let counts = rec.leaf_functions();
+                spy_chunks.push(percent(&counts));
+                add_counts(&mut spy, &counts);
+                continue;
+            }
+            let secs = if rate == 1000 { SECS_1K } else { SECS_10K };
+            let rec = pyprof_attach(pid, rate, secs, &dir.join(format!("pyprof-{rate}-{step}.json")));
+            let expected = rate as f64 * secs;
+            assert!(
+                rec.samples as f64 >= 0.5 * expected,
+                "[{}] pyprof at {rate} Hz for {secs} s took {} samples over {:?} ticks, under half of {expected}: too few to compare",
+                py.label,
+                rec.samples,
+                rec.ticks
+            );
+            add_counts(rates.entry(rate).or_default(), &rec.leaf_functions());
+        }
+    }
+    drop(target);
+
+    let reference = percent(&spy);
+    let spy_samples: u64 = spy.values().sum();
+    // The spread of each share over py-spy's recordings: how still the
+    // workload held.
+    let spread = |f: &str| {
+        let xs: Vec<f64> = spy_chunks.iter().map(|c| c.get(f).copied().unwrap_or(0.0)).collect();
+        xs.iter().copied().fold(f64::MIN, f64::max) - xs.iter().copied().fold(f64::MAX, f64::min)
+    };
+    let spreads: Vec<f64> = SHORT_FUNCS.iter().map(|f| spread(f)).collect();
+    let steady = spreads.iter().all(|&x| x <= SPY_STEADY_PP);
+    let spreads = spreads.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join("/");
+    let mut lines = Vec::new();
+    let mut beyond = false;
+    for (rate, counts) in &rates {
+        let shares = percent(counts);
+        let samples: u64 = counts.values().sum();
+        let (worst, diff) = SHORT_FUNCS
+            .iter()
+            .map(|f| (*f, shares.get(*f).copied().unwrap_or(0.0) - reference.get(*f).copied().unwrap_or(0.0)))
+            .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
+            .unwrap();
+        beyond |= diff.abs() > SHORT_BOUND_PP;
+        lines.push(format!(
+            "[{}] leaf shares loop/g/f: pyprof at {rate} Hz {} over {samples} samples vs py-spy {} over {spy_samples} samples at {SPY_RATE} Hz (spread over its {CYCLES} recordings {spreads} pp, at most {SPY_STEADY_PP} for a steady reference): largest difference {diff:+.2} pp ({worst}), bound {SHORT_BOUND_PP} pp",
+            py.label,
+            fmt_shares(&shares),
+            fmt_shares(&reference)
+        ));
+    }
+    let text = lines.join("\n");
+    if !steady {
+        Outcome::Unsteady(text)
+    } else if beyond {
+        Outcome::Beyond(text)
+    } else {
+        Outcome::Within(text)
+    }
+}
+
+/// Leaf shares of `loop`, `g` and `f` from pyprof at 1 kHz and at 10 kHz
+/// against py-spy's, all on one short_calls.py process.
+///
+/// The shares drift with the machine's load (with tests/record.rs running
+/// alongside, three 10,000-sample py-spy recordings a few seconds apart
+/// read 57.3, 67.7 and 60.2 % on loop before the target ran at nice -20,
+/// and still up to 1.7 pp apart after), so the recordings are interleaved:
+/// five cycles of py-spy, 1 kHz, 10 kHz, in alternating order (the second
+/// cycle 10 kHz, 1 kHz, py-spy), and each tool's samples are added up. The
+/// reference and both rates then span the same ~20 s, and sample it alike.
+#[test]
+fn short_callees_match_pyspy_at_1khz_and_10khz() {
+    let Some(pyspy) = pyspy_bin() else { return };
+    let _serial = heavy();
+    let started = Instant::now();
+    for_each_interpreter(|py| judged("short_callees", || measure_short_callees(py, &pyspy)));
+    eprintln!("accuracy: short_callees took {:.0} s", started.elapsed().as_secs_f64());
+}
+
+// ---------------------------------------------------------------- churn
+
+/// A target whose every stdout line is kept (time_slices.py answers
+/// SIGUSR1 with a line); killed and reaped when dropped.
+struct LineTarget {
+    child: Child,
+    lines: Receiver<String>,
+    label: String,
+}
+
+impl LineTarget {
+    fn spawn(py: &Interpreter, script: &str) -> LineTarget {
+        let argv = niced(py.argv(script, &[]));
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("[{}] cannot start {argv:?}: {e}", py.label));
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let target = LineTarget { child, lines, label: py.label.clone() };
+        let first = target.lines.recv_timeout(Duration::from_secs(60));
+        assert_eq!(first.as_deref().ok(), Some("ready"), "[{}] {argv:?} did not report ready", py.label);
+        target
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// time_slices.py's own account (SIGUSR1): seconds spent so far in
+    /// long_loop slices and in short-call slices. Never asked while a
+    /// profiler is attached.
+    fn split(&self) -> (f64, f64) {
+        while self.lines.try_recv().is_ok() {}
+        for _ in 0..5 {
+            kill(Pid::from_raw(self.pid()), Signal::SIGUSR1).expect("SIGUSR1 time_slices.py");
+            let deadline = Instant::now() + Duration::from_secs(2);
+            loop {
+                match self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(line) => {
+                        if let Some(rest) = line.strip_prefix("split ") {
+                            let v: Vec<f64> = rest.split_whitespace().map(|x| x.parse().expect("split seconds")).collect();
+                            return (v[0], v[1]);
+                        }
+                    }
+                    Err(RecvTimeoutError::Timeout) => break,
+                    Err(RecvTimeoutError::Disconnected) => panic!("[{}] time_slices.py exited", self.label),
+                }
+            }
+        }
+        panic!("[{}] time_slices.py does not answer SIGUSR1", self.label);
+    }
+}
+
+impl Drop for LineTarget {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Samples whose stack holds a frame of `function`, and all samples.
+fn inclusive(p: &Profile, function: &str) -> (u64, u64) {
+    let hit = p.stacks.iter().filter(|s| s.frames.iter().any(|&f| p.frames[f as usize].function == function)).map(|s| s.count).sum();
+    (hit, p.total_samples())
+}
+
+/// Seconds of each churn recording. The truth is the target's account
+/// between two SIGUSR1 asked just before and after: pyprof's start and end
+/// fall outside the samples, and each can leave at most one unbalanced
+/// 20 ms slice in that account, so the truth carries at most
+/// 2 x 20 ms / 3 s = 1.3 pp of error, 0.3 pp typically (a uniform share of
+/// a slice at each end). The sampled share itself has little binomial
+/// noise: ticks at a fixed period fall in alternating fixed slices.
+const CHURN_SECS: f64 = 3.0;
+const CHURN_BOUND_PP: f64 = 2.0;
+const CHURN_MIN_KEPT_PCT: f64 = 99.0;
+
+/// One measurement of time_slices.py at 1 kHz and at 10 kHz, on one process.
+fn measure_churn(py: &Interpreter) -> Outcome {
+    let target = LineTarget::spawn(py, "time_slices.py");
+    let dir = temp_dir("churn");
+    let mut lines = Vec::new();
+    let mut beyond = false;
+    for rate in [1000u32, 10_000] {
+        let before = target.split();
+        let rec = pyprof_attach(target.pid(), rate, CHURN_SECS, &dir.join(format!("pyprof-{rate}.json")));
+        let after = target.split();
+        let (d_long, d_short) = (after.0 - before.0, after.1 - before.1);
+        let truth = 100.0 * d_long / (d_long + d_short);
+        let profile = rec.profile.as_ref().unwrap();
+        let (hit, total) = inclusive(profile, "long_loop");
+        assert!(total > 0, "[{}] no samples at {rate} Hz", py.label);
+        let share = 100.0 * hit as f64 / total as f64;
+        let ticks = rec.ticks.unwrap();
+        let kept = 100.0 * rec.samples as f64 / ticks.max(1) as f64;
+        beyond |= (share - truth).abs() > CHURN_BOUND_PP || kept < CHURN_MIN_KEPT_PCT;
+        let a = &profile.meta.sampling;
+        lines.push(format!(
+            "[{}] at {rate} Hz: long_loop on {share:.2} % of {total} samples, truth {truth:.2} % (the target's account of {:.2} s; 50 % by design): {:+.2} pp, bound {CHURN_BOUND_PP} pp; {} samples over {ticks} ticks = {kept:.2} % kept, at least {CHURN_MIN_KEPT_PCT} % wanted ({} ticks skipped: the sampler was late); sampling {}: {} stopped, {} moved, {} stepped; errors {:?}",
+            py.label,
+            d_long + d_short,
+            share - truth,
+            rec.samples,
+            profile.meta.errors.get("skipped_ticks").copied().unwrap_or(0),
+            a.method,
+            a.stopped,
+            a.moved,
+            a.stepped,
+            profile.meta.errors
+        ));
+    }
+    let text = lines.join("\n");
+    if beyond { Outcome::Beyond(text) } else { Outcome::Within(text) }
+}
+
+/// `long_loop`'s inclusive share of time_slices.py within 2 pp of the
+/// truth, and at least 99 % of the ticks kept, at 1 kHz and at 10 kHz.
+/// Ticks kept are the summary line's "N samples over M ticks"; ticks the
+/// sampler skipped because it woke too late are not among the M (they are
+/// said in the message): they say how busy the machine was, not whether a
+/// read of a changing stack was lost.
+#[test]
+fn churn_long_loop_share_and_ticks_kept() {
+    let _serial = heavy();
+    let started = Instant::now();
+    for_each_interpreter(|py| judged("churn", || measure_churn(py)));
+    eprintln!("accuracy: churn took {:.0} s", started.elapsed().as_secs_f64());
+}
+
+// ---------------------------------------------------------------- real code
+
+/// CPU-bound, single-threaded test modules of 3.8 to 3.15 that pass
+/// round after round in one process (a round of all six takes 0.6-0.9 s
+/// here): difflib's SequenceMatcher, the pure-Python heapq and bisect,
+/// ipaddress, fractions and textwrap. Not test_pprint: from 3.14 on it
+/// waits for a subprocess.
+const MODULES: [&str; 6] = ["test_difflib", "test_heapq", "test_ipaddress", "test_fractions", "test_textwrap", "test_bisect"];
+/// The driver's seconds of measured rounds (after its warm-up round).
+const REAL_SECS: u32 = 4;
+const REAL_RATE_PYPROF: u32 = 1000;
+/// py-spy stops the target for every sample, the longer the deeper its
+/// stacks: at 2 kHz it slows these rounds by about a third (they are
+/// compared whole, so that costs only time) and still reads every sample.
+const REAL_RATE_PYSPY: u32 = 2000;
+/// Samples compared: those under the driver's `measured_round`.
+const REAL_UNDER: &str = "measured_round";
+/// Leaves compared one by one: the reference's largest; the rest pooled.
+const TOP_LEAVES: usize = 10;
+/// Two py-spy runs of these rounds are 0.017-0.044 apart (one pair per
+/// interpreter, 7,000-9,000 samples each), pyprof's 0.009-0.052 from
+/// py-spy's, the sampler pyprof had before its exact sampling 0.19-0.25.
+const REAL_TVD_BOUND: f64 = 0.08;
+
+/// Total variation distance (0..1) between two sets of shares (in %) over
+/// the `TOP_LEAVES` largest keys of `reference`, every other key pooled as one.
+fn tvd_top<K: Ord + Clone>(p: &BTreeMap<K, f64>, reference: &BTreeMap<K, f64>) -> f64 {
+    let mut keys: Vec<&K> = reference.keys().collect();
+    keys.sort_by(|a, b| reference[*b].total_cmp(&reference[*a]));
+    keys.truncate(TOP_LEAVES);
+    let pooled = |d: &BTreeMap<K, f64>| -> Vec<f64> {
+        let mut v: Vec<f64> = keys.iter().map(|k| d.get(*k).copied().unwrap_or(0.0)).collect();
+        let rest: f64 = d.iter().filter(|(k, _)| !keys.contains(k)).map(|(_, v)| v).sum();
+        v.push(rest);
+        v
+    };
+    let (a, b) = (pooled(p), pooled(reference));
+    0.5 * a.iter().zip(&b).map(|(x, y)| (x - y).abs()).sum::<f64>() / 100.0
+}
+
+fn fmt_top(shares: &BTreeMap<(String, String), f64>, n: usize) -> String {
+    let mut v: Vec<_> = shares.iter().collect();
+    v.sort_by(|a, b| b.1.total_cmp(a.1));
+    v.iter().take(n).map(|((f, file), s)| format!("{f} ({file}) {s:.1}")).collect::<Vec<_>>().join(", ")
+}
+
+/// One measurement of real code: one run under py-spy, one under pyprof.
+fn measure_real_code(py: &Interpreter, pyspy: &Path) -> Outcome {
+    let secs = REAL_SECS.to_string();
+    let mut args = vec![secs.as_str()];
+    args.extend(MODULES);
+    let argv = niced(py.argv("test_rounds.py", &args));
+    let dir = temp_dir("real");
+    // The same hash seed in both runs: set and dict orders, and so the
+    // code paths some tests take, do not differ between them.
+    let env = [("PYTHONHASHSEED", "0")];
+    let limit = Duration::from_secs(REAL_SECS as u64 * 10 + 60);
+    let spy = pyspy_launch(pyspy, &argv, REAL_RATE_PYSPY, &dir.join("pyspy.txt"), &env, limit);
+    let mine = pyprof_launch(&argv, REAL_RATE_PYPROF, &dir.join("pyprof.json"), &env, limit);
+    let (p, q) = (mine.leaves(Some(REAL_UNDER)), spy.leaves(Some(REAL_UNDER)));
+    let (n_p, n_q): (u64, u64) = (p.values().sum(), q.values().sum());
+    assert!(n_p >= 2000 && n_q >= 2000, "[{}] too few samples in {REAL_UNDER} to compare: pyprof {n_p}, py-spy {n_q}", py.label);
+    let (p, q) = (percent(&p), percent(&q));
+    let tvd = tvd_top(&p, &q);
+    let text = format!(
+        "[{}] leaf shares in {REAL_UNDER} of {}: TVD over py-spy's {TOP_LEAVES} largest leaves, the rest pooled, {tvd:.3} (bound {REAL_TVD_BOUND}); pyprof at {REAL_RATE_PYPROF} Hz, {n_p} of {} samples: {}; py-spy at {REAL_RATE_PYSPY} Hz, {n_q} of {} samples: {}",
+        py.label,
+        MODULES.join(", "),
+        mine.samples,
+        fmt_top(&p, 5),
+        spy.samples,
+        fmt_top(&q, 5)
+    );
+    if tvd > REAL_TVD_BOUND { Outcome::Beyond(text) } else { Outcome::Within(text) }
+}
+
+/// Leaf shares of real code, pyprof (launch mode, 1 kHz) against py-spy
+/// (launch mode, default, 2 kHz), total variation distance over the
+/// reference's ten largest leaves with the rest pooled.
+#[test]
+fn real_code_leaf_shares_match_pyspy() {
+    let Some(pyspy) = pyspy_bin() else { return };
+    let _serial = heavy();
+    let started = Instant::now();
+    for_each_interpreter(|py| {
+        let mut check_args = vec!["check"];
+        check_args.extend(MODULES);
+        let check = output_within(py.command("test_rounds.py", &check_args), Duration::from_secs(60));
+        if !check.status.success() {
+            let msg = format!("[{}] CPython's test suite is not importable ({}): {}", py.label, MODULES.join(", "), stderr_of(&check).trim());
+            if in_ci() {
+                panic!("{msg}");
+            }
+            skipped(&format!("on this developer machine: {msg} (scripts/setup-fixtures.sh)"));
+            return;
+        }
+        judged("real_code", || measure_real_code(py, &pyspy));
+    });
+    eprintln!("accuracy: real_code took {:.0} s", started.elapsed().as_secs_f64());
+}
