@@ -47,7 +47,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::sync::{Mutex, MutexGuard};
@@ -62,26 +62,6 @@ static HEAVY: Mutex<()> = Mutex::new(());
 
 fn heavy() -> MutexGuard<'static, ()> {
     HEAVY.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-const PYSPY_VERSION: &str = "0.4.3";
-
-/// The pinned py-spy of scripts/setup-fixtures.sh; None (skip) on a
-/// developer machine without it, a failure in CI.
-fn pyspy_bin() -> Option<PathBuf> {
-    let bin = cache_dir().join("tools/bin/py-spy");
-    if !bin.exists() {
-        let msg = format!("py-spy missing at {} (run scripts/setup-fixtures.sh)", bin.display());
-        if in_ci() {
-            panic!("{msg}");
-        }
-        skipped(&format!("on this developer machine: {msg}"));
-        return None;
-    }
-    let out = Command::new(&bin).arg("--version").output().expect("run py-spy --version");
-    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert_eq!(version, format!("py-spy {PYSPY_VERSION}"), "the rates and output format used here are those of py-spy {PYSPY_VERSION}");
-    Some(bin)
 }
 
 /// Run a command to its end, killing it if it takes longer than `limit`.

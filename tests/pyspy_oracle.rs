@@ -44,29 +44,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-const PYSPY_VERSION: &str = "0.4.3";
-
-/// The pinned py-spy of scripts/setup-fixtures.sh; None (skip) on a
-/// developer machine without it, a failure in CI.
-fn pyspy_bin() -> Option<PathBuf> {
-    let bin = cache_dir().join("tools/bin/py-spy");
-    if !bin.exists() {
-        let msg = format!("py-spy missing at {} (run scripts/setup-fixtures.sh)", bin.display());
-        if in_ci() {
-            panic!("{msg}");
-        }
-        skipped(&format!("on this developer machine: {msg}"));
-        return None;
-    }
-    let out = Command::new(&bin).arg("--version").output().expect("run py-spy --version");
-    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert_eq!(version, format!("py-spy {PYSPY_VERSION}"), "the findings this test encodes are for py-spy {PYSPY_VERSION}");
-    Some(bin)
-}
 
 /// Interpreters py-spy 0.4.3 reads correctly: every minor of the matrix,
 /// 3.8 to 3.15 (verified on pyenv 3.8.18-3.13.0, Debian 3.11.2 and sid

@@ -356,3 +356,24 @@ pub fn chromium(exe: &Path, dir: &Path, tag: &str, args: &[&str], url: &str) -> 
 pub fn script_errors(stderr: &str) -> Vec<&str> {
     stderr.lines().filter(|l| l.contains(":CONSOLE") && (l.contains("Uncaught") || l.contains("Error"))).collect()
 }
+
+/// The py-spy that scripts/setup-fixtures.sh pins; tests encode what that
+/// version does. None (skip) on a developer machine without it, a failure
+/// in CI.
+pub const PYSPY_VERSION: &str = "0.4.3";
+
+pub fn pyspy_bin() -> Option<PathBuf> {
+    let bin = cache_dir().join("tools/bin/py-spy");
+    if !bin.exists() {
+        let msg = format!("py-spy missing at {} (run scripts/setup-fixtures.sh)", bin.display());
+        if in_ci() {
+            panic!("{msg}");
+        }
+        skipped(&format!("on this developer machine: {msg}"));
+        return None;
+    }
+    let out = Command::new(&bin).arg("--version").output().expect("run py-spy --version");
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(version, format!("py-spy {PYSPY_VERSION}"), "these tests encode what py-spy {PYSPY_VERSION} does");
+    Some(bin)
+}
