@@ -248,7 +248,8 @@ pub fn pyprof(args: &[&str]) -> Output {
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let killer = std::thread::spawn(move || {
-        if rx.recv_timeout(Duration::from_secs(120)).is_err() {
+        // Disconnected: pyprof ended and was waited for.
+        if rx.recv_timeout(Duration::from_secs(120)) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
             // SAFETY: plain syscall; the child is not reaped before `tx` is dropped.
             unsafe {
                 libc::kill(pid as i32, libc::SIGKILL);
