@@ -43,6 +43,11 @@ impl Session {
         self.freezer.stats
     }
 
+    /// How long this session has held threads of its target stopped, in all.
+    pub fn held_total(&self) -> std::time::Duration {
+        self.freezer.stats.pause + self.native_stats().map_or(std::time::Duration::ZERO, |n| n.pause)
+    }
+
     pub fn pid(&self) -> i32 {
         self.attached.target.pid
     }

@@ -177,9 +177,13 @@ pub fn run(
         stats.ticks += 1;
         let mut i = 0;
         let mut threads_seen = 0;
+        let mut held = Duration::ZERO;
         while i < sessions.len() {
             let s = &mut sessions[i];
-            match s.snapshot(needs) {
+            let held_before = s.held_total();
+            let snapshot = s.snapshot(needs);
+            held = held.max(s.held_total().saturating_sub(held_before));
+            match snapshot {
                 Ok(threads) => {
                     let pid = s.pid();
                     let cmd = commands.get(&pid).map(String::as_str).unwrap_or("");
@@ -216,6 +220,7 @@ pub fn run(
                 }
             }
         }
+        timer.rest(held);
         if sessions.is_empty() {
             break StopReason::TargetExited;
         }
