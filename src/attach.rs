@@ -136,9 +136,8 @@ pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Attached> {
     // Probe once so "permission denied" is reported as such, up front.
     if let Some(m) = maps.iter().find(|m| m.readable) {
         let mut b = [0u8; 8];
-        match mem.read(m.start, &mut b) {
-            Err(e @ (Error::PermissionDenied { .. } | Error::ProcessGone(_))) => return Err(e),
-            _ => {}
+        if let Err(e @ (Error::PermissionDenied { .. } | Error::ProcessGone(_))) = mem.read(m.start, &mut b) {
+            return Err(e);
         }
     }
     let mut why = Vec::new();

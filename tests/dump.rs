@@ -23,7 +23,7 @@ fn frames_of(thread: &Value) -> Vec<(String, String, i64)> {
         .collect()
 }
 
-fn thread_by_native<'a>(dump: &'a Value, native: i64) -> Option<&'a Value> {
+fn thread_by_native(dump: &Value, native: i64) -> Option<&Value> {
     dump["threads"].as_array().unwrap().iter().find(|t| t["native_id"].as_i64() == Some(native))
 }
 

@@ -306,6 +306,10 @@ impl Writer for Flamegraph {
     }
 }
 
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -501,8 +505,4 @@ mod tests {
         assert!(svg.contains("no samples recorded (duration)") && svg.contains("a&lt;b"), "{svg}");
         assert!(svg.trim_end().ends_with("</svg>"));
     }
-}
-
-fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }

@@ -216,7 +216,7 @@ mod tests {
         for _ in 0..3 {
             agg.add(1, "python", Some(7), Some("main"), &[b.clone(), a.clone()]);
         }
-        agg.add(1, "python", Some(8), None, &[a.clone()]);
+        agg.add(1, "python", Some(8), None, std::slice::from_ref(&a));
         assert_eq!(agg.distinct_stacks(), 2);
         let p = agg.into_profile(Profile::example().meta);
         assert_eq!(p.stacks[0].count, 3);
