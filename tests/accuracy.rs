@@ -64,23 +64,6 @@ fn heavy() -> MutexGuard<'static, ()> {
     HEAVY.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Run a command to its end, killing it if it takes longer than `limit`.
-fn output_within(mut cmd: Command, limit: Duration) -> Output {
-    let child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    let pid = child.id() as i32;
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => out.expect("wait for child"),
-        Err(_) => {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            panic!("{cmd:?} took over {limit:?}");
-        }
-    }
-}
-
 /// `argv` run at the highest priority (nice -20; root only: elsewhere nice
 /// says so and runs it as it is). A target that other processes preempt
 /// stays still while it waits for a CPU, and a wall-clock sampler records

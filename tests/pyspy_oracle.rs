@@ -44,7 +44,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 /// Interpreters py-spy 0.4.3 reads correctly: every minor of the matrix,
@@ -99,23 +99,6 @@ fn task_states(pid: i32) -> BTreeMap<i64, char> {
         }
     }
     out
-}
-
-/// Run a command, killing it if it has not finished within `limit`.
-fn output_within(mut cmd: Command, limit: Duration) -> Output {
-    let child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    let pid = child.id() as i32;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => out.expect("wait for child"),
-        Err(_) => {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            panic!("{cmd:?} took over {limit:?}");
-        }
-    }
 }
 
 fn parse_json(what: &str, out: &Output) -> Value {

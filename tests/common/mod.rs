@@ -237,31 +237,30 @@ pub fn pyprof_bin() -> &'static str {
 /// Run pyprof to its end; one that runs over two minutes is killed and
 /// fails the test.
 pub fn pyprof(args: &[&str]) -> Output {
-    let child = Command::new(pyprof_bin())
-        .args(args)
-        .env_remove("PYPROF_RUNTIME_METHOD")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run pyprof");
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let killer = std::thread::spawn(move || {
-        // Disconnected: pyprof ended and was waited for.
-        if rx.recv_timeout(Duration::from_secs(120)) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
-            // SAFETY: plain syscall; the child is not reaped before `tx` is dropped.
-            unsafe {
-                libc::kill(pid as i32, libc::SIGKILL);
-            }
-            return true;
-        }
-        false
+    let mut cmd = Command::new(pyprof_bin());
+    cmd.args(args).env_remove("PYPROF_RUNTIME_METHOD");
+    output_within(cmd, Duration::from_secs(120))
+}
+
+/// Run a command to its end, killing it (and failing the test) if it takes
+/// longer than `limit`.
+pub fn output_within(mut cmd: Command, limit: Duration) -> Output {
+    let child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
     });
-    let out = child.wait_with_output().expect("wait for pyprof");
-    drop(tx);
-    assert!(!killer.join().unwrap_or(false), "pyprof {args:?} ran over two minutes and was killed");
-    out
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("wait for child"),
+        Err(_) => {
+            // SAFETY: plain syscall; the child is not reaped until it dies.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+            panic!("{cmd:?} ran over {limit:?} and was killed");
+        }
+    }
 }
 
 pub fn pyprof_env(args: &[&str], env: &[(&str, &str)]) -> Output {
