@@ -46,10 +46,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::process::{Command, Output};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -434,54 +433,34 @@ fn short_callees_match_pyspy_at_1khz_and_10khz() {
 
 // ---------------------------------------------------------------- churn
 
-/// A target whose every stdout line is kept (time_slices.py answers
-/// SIGUSR1 with a line); killed and reaped when dropped.
+/// time_slices.py, which answers SIGUSR1 with a line on stdout.
 struct LineTarget {
-    child: Child,
-    lines: Receiver<String>,
+    target: TargetProcess,
     label: String,
 }
 
 impl LineTarget {
     fn spawn(py: &Interpreter, script: &str) -> LineTarget {
         let argv = niced(py.argv(script, &[]));
-        let mut child = Command::new(&argv[0])
-            .args(&argv[1..])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("[{}] cannot start {argv:?}: {e}", py.label));
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let target = LineTarget { child, lines, label: py.label.clone() };
-        let first = target.lines.recv_timeout(Duration::from_secs(60));
-        assert_eq!(first.as_deref().ok(), Some("ready"), "[{}] {argv:?} did not report ready", py.label);
-        target
+        let target = spawn_argv(&py.label, &argv);
+        assert_eq!(target.first_line.trim_end(), "ready", "[{}] {argv:?} did not report ready", py.label);
+        LineTarget { target, label: py.label.clone() }
     }
 
     fn pid(&self) -> i32 {
-        self.child.id() as i32
+        self.target.pid()
     }
 
     /// time_slices.py's own account (SIGUSR1): seconds spent so far in
     /// long_loop slices and in short-call slices. Never asked while a
     /// profiler is attached.
     fn split(&self) -> (f64, f64) {
-        while self.lines.try_recv().is_ok() {}
+        while self.target.later.try_recv().is_ok() {}
         for _ in 0..5 {
             kill(Pid::from_raw(self.pid()), Signal::SIGUSR1).expect("SIGUSR1 time_slices.py");
             let deadline = Instant::now() + Duration::from_secs(2);
             loop {
-                match self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                match self.target.later.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                     Ok(line) => {
                         if let Some(rest) = line.strip_prefix("split ") {
                             let v: Vec<f64> = rest.split_whitespace().map(|x| x.parse().expect("split seconds")).collect();
@@ -494,13 +473,6 @@ impl LineTarget {
             }
         }
         panic!("[{}] time_slices.py does not answer SIGUSR1", self.label);
-    }
-}
-
-impl Drop for LineTarget {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -346,19 +346,7 @@ fn collapsed_and_json_inputs_agree() {
         assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
         reports.push(read_json(&report));
     }
-    let shares = |r: &Value| {
-        let mut v: Vec<(String, String, f64, f64, String)> = r["functions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| {
-                let s = |k: &str| f[k].as_str().unwrap().to_string();
-                (s("function"), s("file"), f["self"]["base_pct"].as_f64().unwrap(), f["total"]["new_pct"].as_f64().unwrap(), s("status"))
-            })
-            .collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
-    };
+    let shares = |r: &Value| function_rows(r, |file| file.to_string());
     assert_eq!(shares(&reports[0]), shares(&reports[1]));
     assert!(reports[1]["base"]["meta"].is_null() && reports[0]["base"]["meta"]["python_version"] == "3.10.13");
 }
@@ -401,23 +389,26 @@ fn short_path_collapsed_files_compare_with_either_kind() {
     let (mixed, out) = report("mixed", [&short[0], &full_json("new")]);
     assert!(out.contains("BASE has short file paths (collapsed, written with --paths short) and NEW full ones"), "{out}");
     // Same functions, same shares; files in short form.
-    let rows = |r: &Value| {
-        let mut v: Vec<(String, String, f64, f64, String)> = r["functions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| {
-                let s = |k: &str| f[k].as_str().unwrap().to_string();
-                let file = s("file").replace("<stdlib>/", "").replace("<site-packages>/", "");
-                (s("function"), file, f["self"]["base_pct"].as_f64().unwrap(), f["total"]["new_pct"].as_f64().unwrap(), s("status"))
-            })
-            .collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
-    };
+    let rows = |r: &Value| function_rows(r, |file| file.replace("<stdlib>/", "").replace("<site-packages>/", ""));
     assert_eq!(rows(&both_short), rows(&full));
     assert_eq!(rows(&mixed), rows(&full));
     assert!(rows(&full).iter().any(|r| r.1 == "json/decoder.py"));
+}
+
+/// A diff report's functions as (function, file, base self %, new total %,
+/// status), sorted by function, with `file` rewritten by `file_as`.
+fn function_rows(report: &Value, file_as: impl Fn(&str) -> String) -> Vec<(String, String, f64, f64, String)> {
+    let mut v: Vec<(String, String, f64, f64, String)> = report["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let s = |k: &str| f[k].as_str().unwrap().to_string();
+            (s("function"), file_as(&s("file")), f["self"]["base_pct"].as_f64().unwrap(), f["total"]["new_pct"].as_f64().unwrap(), s("status"))
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
 }
 
 /// The fill colour of the rectangle whose tooltip starts with `label`.

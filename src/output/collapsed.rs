@@ -151,7 +151,7 @@ mod tests {
 
     #[test]
     fn exact_by_default_readable_on_request() {
-        let py = |function: &str, file: &str, line| Frame { function: function.into(), file: file.into(), line: Some(line), kind: FrameKind::Python };
+        let py = Frame::python;
         let mut p = Profile::example();
         p.meta.cwd = "/tmp/x".into();
         p.frames = vec![

@@ -427,7 +427,7 @@ mod tests {
 
     /// The demo's frames as the target saw them, run from /tmp/x.
     fn demo_profile() -> Profile {
-        let py = |function: &str, file: &str, line| Frame { function: function.into(), file: file.into(), line: Some(line), kind: FrameKind::Python };
+        let py = Frame::python;
         let mut p = Profile::example();
         p.meta.command = vec!["/root/.pyenv/versions/3.12.1/bin/python3".into(), "examples/demo.py".into()];
         p.meta.cwd = "/tmp/x".into();

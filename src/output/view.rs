@@ -107,10 +107,6 @@ mod tests {
     use super::*;
     use crate::profile::model::Stack;
 
-    fn py(function: &str, file: &str, line: u32) -> Frame {
-        Frame { function: function.into(), file: file.into(), line: Some(line), kind: FrameKind::Python }
-    }
-
     fn profile(frames: Vec<Frame>) -> Profile {
         let mut p = Profile::example();
         p.meta.cwd = "/tmp/x".into();
@@ -122,11 +118,11 @@ mod tests {
     #[test]
     fn short_and_full_labels() {
         let p = profile(vec![
-            py("<module>", "/tmp/x/examples/demo.py", 40),
-            py("is_prime", "/tmp/x/examples/demo.py", 12),
-            py("dumps", "/root/.pyenv/versions/3.12.1/lib/python3.12/json/__init__.py", 231),
-            py("get", "/tmp/x/.venv/lib/python3.12/site-packages/requests/api.py", 73),
-            py("helper", "/opt/tools/helper.py", 3),
+            Frame::python("<module>", "/tmp/x/examples/demo.py", 40),
+            Frame::python("is_prime", "/tmp/x/examples/demo.py", 12),
+            Frame::python("dumps", "/root/.pyenv/versions/3.12.1/lib/python3.12/json/__init__.py", 231),
+            Frame::python("get", "/tmp/x/.venv/lib/python3.12/site-packages/requests/api.py", 73),
+            Frame::python("helper", "/opt/tools/helper.py", 3),
             Frame { function: "memcpy".into(), file: "libc.so.6".into(), line: None, kind: FrameKind::Native },
             Frame { function: "thread MainThread (1)".into(), file: String::new(), line: None, kind: FrameKind::Thread },
         ]);
@@ -155,14 +151,14 @@ mod tests {
         let boot = "<frozen importlib._bootstrap>";
         let ext = "<frozen importlib._bootstrap_external>";
         let p = profile(vec![
-            py("<module>", "/tmp/x/app.py", 1),                                                                           // 0
-            py("_find_and_load", boot, 1176),                                                                             // 1
-            py("_load_unlocked", boot, 690),                                                                              // 2
-            py("SourceFileLoader.exec_module", ext, 940),                                                                 // 3
-            py("_call_with_frames_removed", boot, 241),                                                                   // 4
-            py("<module>", "/usr/lib/python3.12/json/__init__.py", 106),                                                  // 5
-            py("_find_spec", boot, 1078),                                                                                 // 6
-            py("FileFinder.find_spec", ext, 1604),                                                                        // 7
+            Frame::python("<module>", "/tmp/x/app.py", 1),                                                                // 0
+            Frame::python("_find_and_load", boot, 1176),                                                                  // 1
+            Frame::python("_load_unlocked", boot, 690),                                                                   // 2
+            Frame::python("SourceFileLoader.exec_module", ext, 940),                                                      // 3
+            Frame::python("_call_with_frames_removed", boot, 241),                                                        // 4
+            Frame::python("<module>", "/usr/lib/python3.12/json/__init__.py", 106),                                       // 5
+            Frame::python("_find_spec", boot, 1078),                                                                      // 6
+            Frame::python("FileFinder.find_spec", ext, 1604),                                                             // 7
             Frame { function: "stat".into(), file: "libc.so.6".into(), line: None, kind: FrameKind::Native },             // 8
             Frame { function: "thread MainThread (1)".into(), file: String::new(), line: None, kind: FrameKind::Thread }, // 9
         ]);

@@ -16,6 +16,11 @@ pub struct Frame {
 }
 
 impl Frame {
+    /// A Python frame at `line` of `file`.
+    pub fn python(function: &str, file: &str, line: u32) -> Frame {
+        Frame { function: function.into(), file: file.into(), line: Some(line), kind: FrameKind::Python }
+    }
+
     /// `qualname (file:line)` with the full path: the label of collapsed,
     /// flame graph and speedscope output under `--paths full`
     /// (`output::view` shortens it by default).
@@ -127,7 +132,7 @@ impl Profile {
 
     /// A small real-looking profile for writer unit tests.
     pub fn example() -> Profile {
-        let f = |function: &str, file: &str, line| Frame { function: function.into(), file: file.into(), line: Some(line), kind: FrameKind::Python };
+        let f = Frame::python;
         Profile {
             meta: Meta {
                 pid: 4242,

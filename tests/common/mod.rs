@@ -194,25 +194,34 @@ pub fn spawn_argv(label: &str, argv: &[String]) -> TargetProcess {
     watchdog::target_started(child.id());
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
+    let (later_tx, later) = std::sync::mpsc::sync_channel(LATER_LINES);
     std::thread::spawn(move || {
         let mut r = BufReader::new(stdout);
         let mut line = String::new();
         let _ = r.read_line(&mut line);
         let _ = tx.send(line);
-        // Keep draining so the target never blocks on a full pipe.
-        let mut sink = String::new();
-        while r.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
-            sink.clear();
+        // Keep draining so the target never blocks on a full pipe; the
+        // latest lines wait in `later` for a test that asks (when it is
+        // full, newer lines are dropped: the test clears it before asking).
+        let mut next = String::new();
+        while r.read_line(&mut next).map(|n| n > 0).unwrap_or(false) {
+            let _ = later_tx.try_send(next.trim_end_matches('\n').to_string());
+            next.clear();
         }
     });
     let first_line = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("{label}: {argv:?} did not report ready"));
-    TargetProcess { child, first_line }
+    TargetProcess { child, first_line, later }
 }
+
+/// How many stdout lines after the first a target keeps for its test.
+const LATER_LINES: usize = 64;
 
 /// A running target; killed and reaped on drop so tests never leak processes.
 pub struct TargetProcess {
     pub child: Child,
     pub first_line: String,
+    /// Stdout lines after the first, oldest first (see [`LATER_LINES`]).
+    pub later: std::sync::mpsc::Receiver<String>,
 }
 
 impl TargetProcess {
