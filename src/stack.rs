@@ -17,6 +17,12 @@ pub enum FrameKind {
     Thread,
     /// Synthetic root added by `--subprocesses`: "process PID (COMMAND)".
     Process,
+    /// `--async`: an asyncio task, "Task-3 (name)"; the frames above it are
+    /// that task's coroutines, the frames below it the task awaiting it.
+    Task,
+    /// The cyclic garbage collector was running: "<GC>", on top of the
+    /// stack that triggered the collection.
+    Gc,
 }
 
 /// One frame of a sampled stack. Strings are shared with the caches that
@@ -39,6 +45,11 @@ impl Frame {
 
     pub fn native(function: Arc<str>, module: Arc<str>) -> Frame {
         Frame { function, file: module, line: 0, kind: FrameKind::Native }
+    }
+
+    /// A synthetic frame that names something other than code: a task or the GC.
+    pub fn marker(function: &str, kind: FrameKind) -> Frame {
+        Frame { function: Arc::from(function), file: Arc::from(""), line: 0, kind }
     }
 
     pub fn is_native(&self) -> bool {

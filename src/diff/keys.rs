@@ -94,6 +94,9 @@ impl KeyOptions {
         let file = match frame.kind {
             FrameKind::Thread | FrameKind::Process => return None,
             FrameKind::Native => frame.file.rsplit('/').next().unwrap_or("").to_string(),
+            // A task or the GC is compared like a function of no file: its
+            // share moving is as much a regression as a function's.
+            FrameKind::Task | FrameKind::Gc => String::new(),
             FrameKind::Python => self.normalize_path(&frame.file),
         };
         Some(Key { function: frame.function.clone(), file, line: if self.lines { frame.line } else { None } })

@@ -194,7 +194,7 @@ pub fn frame_palette(profile: &Profile, view: View) -> PaletteMap {
         let color = match frame.kind {
             FrameKind::Python => python_color(&label, &frame.file),
             FrameKind::Native => native_color(&label),
-            FrameKind::Thread | FrameKind::Process => root_color(&label),
+            FrameKind::Thread | FrameKind::Process | FrameKind::Task | FrameKind::Gc => root_color(&label),
         };
         colors.entry(label).or_insert(color);
     }

@@ -31,7 +31,7 @@ impl Frame {
     /// [`Frame::label`] showing `file` (a shortened path) for the frame's file.
     pub fn label_showing(&self, file: &str) -> String {
         match (self.kind, self.line) {
-            (FrameKind::Thread | FrameKind::Process, _) => self.function.clone(),
+            (FrameKind::Thread | FrameKind::Process | FrameKind::Task | FrameKind::Gc, _) => self.function.clone(),
             (_, Some(line)) => format!("{} ({}:{})", self.function, file, line),
             (_, None) if file.is_empty() => self.function.clone(),
             (_, None) => format!("{} ({})", self.function, file),
