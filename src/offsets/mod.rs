@@ -3,6 +3,7 @@
 //! `_Py_DebugOffsets` plus that file (3.13+), validated once, and then trusted
 //! by the walker, which never asks which Python version it is reading.
 
+pub mod asyncio;
 pub mod debug;
 pub mod table;
 
