@@ -4,6 +4,7 @@ pub mod code;
 pub mod frames;
 pub mod gil;
 pub mod linetable;
+pub mod objects;
 pub mod snapshot;
 pub mod strings;
 pub mod thread_names;
