@@ -47,8 +47,9 @@ pub enum AwaiterLinks {
     AwaitedBy,
 }
 
-/// Where a suspended frame's value stack ends: its top is the object a
-/// coroutine awaits (what `cr_await` reports).
+/// Where a suspended frame's value stack ends: the object a coroutine
+/// awaits (what `cr_await` reports) is the top slot, or
+/// [`AsyncioOffsets::awaited_slot`] slots below its end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum ValueStack {
     /// 3.8–3.9: `PyFrameObject.f_stacktop`, a pointer past the top (NULL while running).
@@ -79,7 +80,7 @@ pub struct AsyncioOffsets {
     // C `TaskObj` (its head is `FutureObj`'s).
     pub task_size: u64,
     pub task_coro: u64,
-    /// A str, or (3.13+, named lazily) an int N meaning "Task-N".
+    /// A str, or (3.12+, an unnamed task) an int N meaning "Task-N".
     pub task_name: u64,
     /// ≤ 3.13: the future the task waits on (None where the version has no such field here).
     pub task_fut_waiter: Option<u64>,
@@ -122,6 +123,9 @@ pub struct AsyncioOffsets {
     /// Coroutine objects and their frames.
     pub gen_frame: GenFrame,
     pub value_stack: ValueStack,
+    /// The awaited object is this many slots below the end of the value
+    /// stack: 1 (the top) up to 3.14; 3.15 keeps a NULL slot above it.
+    pub awaited_slot: u64,
 
     /// 3.14+: `_PyThreadStateImpl.asyncio_running_task`, `.asyncio_running_loop`,
     /// `.asyncio_tasks_head`, and `PyInterpreterState.asyncio_tasks_head`.
@@ -168,8 +172,8 @@ impl File {
                     "provenance" => {
                         provenance.extend(v.as_str().filter(|_| matches!(k.as_str(), "python" | "source" | "applies_to")).map(|v| format!("{k}: {v}")))
                     }
-                    "layout" => {
-                        layout.insert(k.clone(), v.as_str().ok_or(format!("[layout] {k} is not a string"))?.to_string());
+                    "layout" if v.is_str() => {
+                        layout.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
                     }
                     _ => {
                         values.insert(format!("{section}.{k}"), v.as_integer().ok_or(format!("{section}.{k} is not an integer"))?);
@@ -312,6 +316,7 @@ fn generic(f: &File, gen_frame: GenFrame, value_stack: ValueStack, debug: &dyn F
         weakref_object: f.get("weakref.wr_object")?,
         gen_frame,
         value_stack,
+        awaited_slot: Some(f.get("layout.awaited_slot")?).filter(|n| (1..=4).contains(n)).ok_or_else(|| f.bad("[layout] awaited_slot is not 1-4"))?,
         thread_running_task: None,
         thread_running_loop: None,
         thread_tasks_head: None,
@@ -557,6 +562,7 @@ mod tests {
         assert_eq!(o.awaiter_links, AwaiterLinks::AwaitedBy);
         assert_eq!(o.gen_frame, GenFrame::Embedded { gi_iframe: 72, gi_frame_state: 67, suspended_min: -2, suspended_max: -1 });
         assert_eq!(o.value_stack, ValueStack::StackPointer { stackpointer: 64, tag_mask: 3 });
+        assert_eq!(o.awaited_slot, 1);
         assert_eq!((o.tuple_items, o.interp_tasks_head, o.thread_running_task), (32, Some(10880), Some(872)));
     }
 

@@ -72,6 +72,16 @@ static void layout(void)
 #else
     printf("value_stack = \"stack_pointer\"\n");
 #endif
+    /* Which slot, counting down from the end of a suspended coroutine's
+     * value stack, holds what it awaits (what _PyGen_yf and cr_await give):
+     * the top one until 3.14; 3.15 keeps a NULL slot above it (seen in every
+     * suspended coroutine by check-asyncio.py: the top is NULL, the awaited
+     * object the slot below). */
+#if PY_VERSION_HEX >= 0x030F0000
+    printf("awaited_slot = 2\n");
+#else
+    printf("awaited_slot = 1\n");
+#endif
 }
 
 static void objects(void)
