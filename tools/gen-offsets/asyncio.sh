@@ -142,7 +142,11 @@ fi
 # What was proven against live targets (tools/gen-offsets/check-asyncio.py,
 # run by tests/asyncio_offsets.rs); update when another build is checked.
 case $minor in
-*) live="" ;;
+3.8 | 3.9 | 3.10 | 3.12) seen="$pyver"; live="pyenv $pyver" ;;
+3.11) seen="3.11.7 and 3.11.2"; live="pyenv $pyver and Debian 3.11.2 (/usr/bin/python3.11: static, stripped)" ;;
+3.13) seen="3.13.0 and 3.13.18"; live="pyenv $pyver and Debian sid 3.13.18" ;;
+3.14 | 3.15) seen="$pyver"; live="Debian sid $pyver, TaskObj from its .AsyncioDebug, generators and frames from its _Py_DebugOffsets" ;;
+*) seen=""; live="" ;;
 esac
 
 cat <<EOF
@@ -152,11 +156,11 @@ cat <<EOF
 [provenance]
 python = "$pyver"
 source = "${tasksrc}the rest offsetof/sizeof compiled from the $label $pyver (include/python$minor), gcc -DPy_BUILD_CORE${pydefs:+ $pydefs}, x86-64"
-applies_to = "$minor.x; checked on $pyver only"
+applies_to = "$minor.x; checked on ${seen:-no build} only (other patch releases not checked)"
 regenerate = "tools/gen-offsets/asyncio.sh $minor > offsets/asyncio/cpython-$minor.toml"
 EOF
 [ -n "$dwarf" ] && echo "verified_dwarf = \"$dwarf\""
-[ -n "$live" ] && echo "verified_live = \"check-asyncio.py inside running $live: tasks awaiting tasks, gather, TaskGroup (3.11+), every offset compared with the objects' own ids\""
+[ -n "$live" ] && echo "verified_live = \"tools/gen-offsets/check-asyncio.py inside running $live (tests/asyncio_offsets.rs): a task awaited by one and by two tasks, gather, TaskGroup (3.11+); every offset followed in memory and compared with the objects Python reports\""
 if [ "$hex" -ge 14 ]; then
     sed 's/^awaiter_links = "callbacks"/awaiter_links = "awaited_by"/' "$tmp/body"
 else

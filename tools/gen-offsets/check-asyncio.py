@@ -360,10 +360,25 @@ def coroutine_checks(o, tasks, running):
             n += 1
             coro, depth = coro.cr_await, depth + 1
     check("coroutines walked", lambda: None if n >= 10 else "only %d suspended coroutines" % n)
-    # The running coroutine is not suspended (and has no saved stack top on <= 3.9).
+    # The ends of the suspended range: a generator at a bare yield is in its
+    # lowest state; one not started, running or finished is outside it.
+    def gen():
+        yield
+
+    at_yield, unstarted, finished = gen(), gen(), gen()
+    next(at_yield)
+    for _ in finished:
+        pass
     if kind == "Embedded":
         check("running coroutine not suspended", lambda: None if not suspended(running) else "state says suspended")
-    elif "FrameStacktop" in o["value_stack"]:
+        check("bare yield is the lowest suspended state", lambda: expect(i8(id(at_yield) + g["gi_frame_state"]), g["suspended_min"], "gi_frame_state"))
+        check("unstarted generator not suspended", lambda: None if not suspended(unstarted) else "state says suspended")
+        check("finished generator not suspended", lambda: None if not suspended(finished) else "state says suspended")
+    else:
+        check("finished generator has no frame", lambda: expect(u64(id(finished) + g["gi_frame"]), 0, "gi_frame"))
+        check("gi_frame of a generator", lambda: expect(u64(id(at_yield) + g["gi_frame"]), id(at_yield.gi_frame), "gi_frame"))
+    # The running coroutine has no saved stack top on <= 3.9.
+    if "FrameStacktop" in o["value_stack"]:
         check("running frame has no stacktop", lambda: expect(u64(frame_of(running) + o["value_stack"]["FrameStacktop"]["f_stacktop"]), 0, "f_stacktop"))
 
 
