@@ -566,6 +566,22 @@ mod tests {
         assert_eq!((o.tuple_items, o.interp_tasks_head, o.thread_running_task), (32, Some(10880), Some(872)));
     }
 
+    /// Debian's 3.15.2, where `_asyncio` is built into the executable:
+    /// frame states renumbered, and the awaited object one slot lower.
+    #[test]
+    fn debug_section_of_3_15() {
+        let file = table::for_minor(15).unwrap().unwrap();
+        let mut debug = file.fields.clone();
+        debug.extend(file.debug_fields.clone().unwrap().into_iter().zip(file.debug_defaults.clone().unwrap()));
+        let words = [168, 136, 96, 108, 109, 128, 152, 226240, 10856, 1104, 1024, 1032, 1048];
+        let o = from_debug_section(&section(&words), &table::offsets_for_tests(15), &debug).unwrap();
+        assert_eq!(o.gen_frame, GenFrame::Embedded { gi_iframe: 72, gi_frame_state: 67, suspended_min: 1, suspended_max: 3 });
+        assert_eq!(o.awaited_slot, 2);
+        assert_eq!(o.thread_tasks_head, Some(1048));
+        // 3.14's section does not describe a 3.15 interpreter.
+        assert!(from_debug_section(&section(&SECTION_314), &table::offsets_for_tests(15), &debug).is_err());
+    }
+
     #[test]
     fn garbage_sections_are_refused() {
         let (interp, debug) = debug_314();
