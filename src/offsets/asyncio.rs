@@ -12,9 +12,31 @@
 //!
 //! Fields a version does not have are None; the reader switches on which
 //! [`AwaiterLinks`] and [`ValueStack`] the version has, never on its number.
+//!
+//! 3.14+ need no callbacks, wrappers or closures (`task_awaited_by` links
+//! tasks directly): `task_fut_waiter`, `fut_callback0`, `fut_callbacks` and
+//! the wrapper fields are None there. `offsets/asyncio/cpython-3.14.toml` (and
+//! later) still supply, from the headers, what neither the section nor
+//! `_Py_DebugOffsets` carries: the suspended frame states, the stack-ref tag
+//! bits, `setentry`, and the method/cell/function/weakref offsets.
+//!
+//! Use [`for_version`] (3.8–3.13, no target needed), [`from_debug_section`]
+//! (3.14+, given the section's bytes) or, for a live target, [`locate`].
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::{FieldMap, Offsets, debug, table};
+use crate::attach::Attached;
+use crate::binary::elf::ElfFile;
+use crate::error::{Error, Result};
+use crate::process::file_name;
+use crate::process::maps::{Mapping, read_maps};
+use crate::process::memory::RemoteMemory;
 
 /// How a task finds the task (or future) awaiting it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum AwaiterLinks {
     /// ≤ 3.13: through the done-callbacks the awaiter registered on it
     /// (`fut_callback0`, then the `fut_callbacks` list of (callback, context)
@@ -25,9 +47,10 @@ pub enum AwaiterLinks {
     AwaitedBy,
 }
 
-/// Where a suspended frame's value stack ends: its top is the object a
-/// coroutine awaits (what `cr_await` reports).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a suspended frame's value stack ends: the object a coroutine
+/// awaits (what `cr_await` reports) is the top slot, or
+/// [`AsyncioOffsets::awaited_slot`] slots below its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum ValueStack {
     /// 3.8–3.9: `PyFrameObject.f_stacktop`, a pointer past the top (NULL while running).
     FrameStacktop { f_stacktop: u64 },
@@ -40,7 +63,7 @@ pub enum ValueStack {
 }
 
 /// Where a coroutine's frame is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum GenFrame {
     /// ≤ 3.10: `gi_frame` points at a `PyFrameObject` (NULL once finished).
     Pointer { gi_frame: u64 },
@@ -49,7 +72,7 @@ pub enum GenFrame {
     Embedded { gi_iframe: u64, gi_frame_state: u64, suspended_min: i8, suspended_max: i8 },
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct AsyncioOffsets {
     /// Where the numbers came from (file and tool, or the target's section).
     pub provenance: String,
@@ -57,7 +80,7 @@ pub struct AsyncioOffsets {
     // C `TaskObj` (its head is `FutureObj`'s).
     pub task_size: u64,
     pub task_coro: u64,
-    /// A str, or (3.13+, named lazily) an int N meaning "Task-N".
+    /// A str, or (3.12+, an unnamed task) an int N meaning "Task-N".
     pub task_name: u64,
     /// ≤ 3.13: the future the task waits on (None where the version has no such field here).
     pub task_fut_waiter: Option<u64>,
@@ -71,10 +94,10 @@ pub struct AsyncioOffsets {
     pub task_node: Option<u64>,
     pub awaiter_links: AwaiterLinks,
 
-    /// ≤ 3.11: `TaskWakeupMethWrapper.ww_task`; 3.12–3.13 wake a task
+    /// ≤ 3.9: `TaskWakeupMethWrapper.ww_task`; 3.10–3.13 wake a task
     /// through a builtin method bound to it (`PyCFunctionObject.m_self`).
     pub wakeup_wrapper_task: Option<u64>,
-    /// ≤ 3.11: `TaskStepMethWrapper.sw_task`.
+    /// ≤ 3.13: `TaskStepMethWrapper.sw_task` (a step scheduled with `call_soon`).
     pub step_wrapper_task: Option<u64>,
     pub cfunction_self: u64,
     /// Bound Python method: `PyMethodObject.im_func`, `.im_self`.
@@ -100,6 +123,9 @@ pub struct AsyncioOffsets {
     /// Coroutine objects and their frames.
     pub gen_frame: GenFrame,
     pub value_stack: ValueStack,
+    /// The awaited object is this many slots below the end of the value
+    /// stack: 1 (the top) up to 3.14; 3.15 keeps a NULL slot above it.
+    pub awaited_slot: u64,
 
     /// 3.14+: `_PyThreadStateImpl.asyncio_running_task`, `.asyncio_running_loop`,
     /// `.asyncio_tasks_head`, and `PyInterpreterState.asyncio_tasks_head`.
@@ -107,4 +133,466 @@ pub struct AsyncioOffsets {
     pub thread_running_loop: Option<u64>,
     pub thread_tasks_head: Option<u64>,
     pub interp_tasks_head: Option<u64>,
+}
+
+const FILES: &[(u32, &str)] = &[
+    (8, include_str!("../../offsets/asyncio/cpython-3.8.toml")),
+    (9, include_str!("../../offsets/asyncio/cpython-3.9.toml")),
+    (10, include_str!("../../offsets/asyncio/cpython-3.10.toml")),
+    (11, include_str!("../../offsets/asyncio/cpython-3.11.toml")),
+    (12, include_str!("../../offsets/asyncio/cpython-3.12.toml")),
+    (13, include_str!("../../offsets/asyncio/cpython-3.13.toml")),
+    (14, include_str!("../../offsets/asyncio/cpython-3.14.toml")),
+    (15, include_str!("../../offsets/asyncio/cpython-3.15.toml")),
+];
+
+/// Largest struct any of these offsets may point into: a task or thread
+/// state is hundreds of bytes, an interpreter state some hundred KiB.
+const MAX_OBJECT: u64 = 1 << 16;
+const MAX_STATE: u64 = 1 << 20;
+
+/// One parsed `offsets/asyncio/cpython-3.X.toml`: `section.key` → value
+/// (constants may be negative), and its `[layout]` words.
+struct File {
+    minor: u32,
+    provenance: String,
+    layout: BTreeMap<String, String>,
+    values: BTreeMap<String, i64>,
+}
+
+impl File {
+    fn parse(minor: u32, text: &str) -> std::result::Result<File, String> {
+        let doc: toml::Table = text.parse().map_err(|e| format!("{e}"))?;
+        let mut layout = BTreeMap::new();
+        let mut values = BTreeMap::new();
+        let mut provenance = Vec::new();
+        for (section, table) in doc.iter().filter_map(|(s, v)| Some((s, v.as_table()?))) {
+            for (k, v) in table {
+                match section.as_str() {
+                    "provenance" => {
+                        provenance.extend(v.as_str().filter(|_| matches!(k.as_str(), "python" | "source" | "applies_to")).map(|v| format!("{k}: {v}")))
+                    }
+                    "layout" if v.is_str() => {
+                        layout.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
+                    }
+                    _ => {
+                        values.insert(format!("{section}.{k}"), v.as_integer().ok_or(format!("{section}.{k} is not an integer"))?);
+                    }
+                }
+            }
+        }
+        if provenance.is_empty() {
+            return Err("no [provenance]".into());
+        }
+        Ok(File { minor, provenance: format!("offsets/asyncio/cpython-3.{minor}.toml ({})", provenance.join("; ")), layout, values })
+    }
+
+    fn bad(&self, why: impl Into<String>) -> Error {
+        Error::BadOffsets { version: format!("3.{} (asyncio)", self.minor), why: why.into() }
+    }
+    fn opt(&self, key: &str) -> Result<Option<u64>> {
+        self.values.get(key).map(|&v| u64::try_from(v).map_err(|_| self.bad(format!("{key} = {v} is negative")))).transpose()
+    }
+    fn get(&self, key: &str) -> Result<u64> {
+        self.opt(key)?.ok_or_else(|| self.bad(format!("missing {key}")))
+    }
+    fn state(&self, key: &str) -> Result<i8> {
+        let v = *self.values.get(key).ok_or_else(|| self.bad(format!("missing {key}")))?;
+        i8::try_from(v).map_err(|_| self.bad(format!("{key} = {v} is not an i8")))
+    }
+    fn word(&self, key: &str) -> Result<&str> {
+        self.layout.get(key).map(String::as_str).ok_or_else(|| self.bad(format!("[layout] {key} missing")))
+    }
+
+    /// Where a coroutine's frame and its value stack are, from the file
+    /// (`gen`/`frame`) or, where given, from the target's `_Py_DebugOffsets`.
+    fn frames(&self, debug: &dyn Fn(&str) -> Option<u64>) -> Result<(GenFrame, ValueStack, u64, u64)> {
+        let pick = |dkey: &str, fkey: &str| -> Result<u64> { debug(dkey).map_or_else(|| self.get(fkey), Ok) };
+        let gen_size = pick("gen_object.size", "gen.size")?;
+        let gen_frame = match self.word("gen_frame")? {
+            "pointer" => GenFrame::Pointer { gi_frame: self.get("gen.gi_frame")? },
+            "embedded" => GenFrame::Embedded {
+                gi_iframe: pick("gen_object.gi_iframe", "gen.gi_iframe")?,
+                gi_frame_state: pick("gen_object.gi_frame_state", "gen.gi_frame_state")?,
+                suspended_min: self.state("constants.frame_suspended_min")?,
+                suspended_max: self.state("constants.frame_suspended_max")?,
+            },
+            other => return Err(self.bad(format!("unknown gen_frame {other}"))),
+        };
+        let frame_size = pick("interpreter_frame.size", "frame.size")?;
+        let value_stack = match self.word("value_stack")? {
+            "frame_stacktop" => ValueStack::FrameStacktop { f_stacktop: self.get("frame.f_stacktop")? },
+            "frame_depth" => ValueStack::FrameDepth { f_valuestack: self.get("frame.f_valuestack")?, f_stackdepth: self.get("frame.f_stackdepth")? },
+            "localsplus_top" => ValueStack::LocalsplusTop { localsplus: self.get("frame.localsplus")?, stacktop: self.get("frame.stacktop")? },
+            "stack_pointer" => ValueStack::StackPointer {
+                stackpointer: pick("interpreter_frame.stackpointer", "frame.stackpointer")?,
+                tag_mask: self.get("constants.stack_tag_mask")?,
+            },
+            other => return Err(self.bad(format!("unknown value_stack {other}"))),
+        };
+        Ok((gen_frame, value_stack, gen_size, frame_size))
+    }
+}
+
+fn file(minor: u32) -> Option<Result<File>> {
+    FILES.iter().find(|&&(m, _)| m == minor).map(|&(m, text)| {
+        File::parse(m, text).map_err(|why| Error::BadOffsets { version: format!("3.{m} (asyncio)"), why: format!("offsets/asyncio/cpython-3.{m}.toml: {why}") })
+    })
+}
+
+/// 3.8–3.13: the offsets of the embedded file, validated. None for a version
+/// without a file, or whose file leaves the task to the target (3.14+: use
+/// [`from_debug_section`]).
+pub fn for_version(minor: u32) -> Option<Result<AsyncioOffsets>> {
+    let f = match file(minor)? {
+        Ok(f) => f,
+        Err(e) => return Some(Err(e)),
+    };
+    f.values.contains_key("task.size").then(|| from_file(&f))
+}
+
+fn from_file(f: &File) -> Result<AsyncioOffsets> {
+    if f.word("awaiter_links")? != "callbacks" {
+        return Err(f.bad("a file with [task] must link awaiters by callbacks"));
+    }
+    let (gen_frame, value_stack, gen_size, frame_size) = f.frames(&|_| None)?;
+    let o = AsyncioOffsets {
+        provenance: f.provenance.clone(),
+        task_size: f.get("task.size")?,
+        task_coro: f.get("task.coro")?,
+        task_name: f.get("task.name")?,
+        task_fut_waiter: Some(f.get("task.fut_waiter")?),
+        fut_callback0: Some(f.get("task.callback0")?),
+        fut_callbacks: Some(f.get("task.callbacks")?),
+        task_awaited_by: None,
+        task_awaited_by_is_set: None,
+        task_is_task: None,
+        task_node: None,
+        awaiter_links: AwaiterLinks::Callbacks,
+        wakeup_wrapper_task: f.opt("wakeup_wrapper.task")?,
+        step_wrapper_task: f.opt("step_wrapper.task")?,
+        thread_running_task: None,
+        thread_running_loop: None,
+        thread_tasks_head: None,
+        interp_tasks_head: None,
+        ..generic(f, gen_frame, value_stack, &|_| None)?
+    };
+    validate(&o, f, gen_size, frame_size, &|_| None)?;
+    Ok(o)
+}
+
+/// The generic-object half (methods, cells, containers, frames): from the
+/// file, or where the target's `_Py_DebugOffsets` carry a field, from there.
+/// Task fields are left 0 for the caller to fill.
+fn generic(f: &File, gen_frame: GenFrame, value_stack: ValueStack, debug: &dyn Fn(&str) -> Option<u64>) -> Result<AsyncioOffsets> {
+    let pick = |dkey: &str, fkey: &str| -> Result<u64> { debug(dkey).map_or_else(|| f.get(fkey), Ok) };
+    Ok(AsyncioOffsets {
+        provenance: String::new(),
+        task_size: 0,
+        task_coro: 0,
+        task_name: 0,
+        task_fut_waiter: None,
+        fut_callback0: None,
+        fut_callbacks: None,
+        task_awaited_by: None,
+        task_awaited_by_is_set: None,
+        task_is_task: None,
+        task_node: None,
+        awaiter_links: AwaiterLinks::Callbacks,
+        wakeup_wrapper_task: None,
+        step_wrapper_task: None,
+        cfunction_self: f.get("cfunction.m_self")?,
+        method_func: f.get("method.im_func")?,
+        method_self: f.get("method.im_self")?,
+        function_closure: f.get("function.func_closure")?,
+        cell_ref: f.get("cell.ob_ref")?,
+        tuple_size: pick("tuple_object.ob_size", "tuple.ob_size")?,
+        tuple_items: pick("tuple_object.ob_item", "tuple.ob_item")?,
+        list_size: pick("list_object.ob_size", "list.ob_size")?,
+        list_items: pick("list_object.ob_item", "list.ob_item")?,
+        set_mask: pick("set_object.mask", "set.mask")?,
+        set_table: pick("set_object.table", "set.table")?,
+        setentry_size: f.get("setentry.size")?,
+        weakref_object: f.get("weakref.wr_object")?,
+        gen_frame,
+        value_stack,
+        awaited_slot: Some(f.get("layout.awaited_slot")?).filter(|n| (1..=4).contains(n)).ok_or_else(|| f.bad("[layout] awaited_slot is not 1-4"))?,
+        thread_running_task: None,
+        thread_running_loop: None,
+        thread_tasks_head: None,
+        interp_tasks_head: None,
+    })
+}
+
+/// Every field with its width inside its struct, every size plausible: after
+/// this the reader indexes local copies of these structs without checks.
+fn validate(o: &AsyncioOffsets, f: &File, gen_size: u64, frame_size: u64, debug: &dyn Fn(&str) -> Option<u64>) -> Result<()> {
+    let size = |dkey: &str, fkey: &str| -> Result<u64> { debug(dkey).map_or_else(|| f.get(fkey), Ok) };
+    let check = |what: &str, size: u64, fields: &[(&str, Option<u64>, u64)]| -> Result<()> {
+        let fields: Vec<(&str, u64, u64)> = fields.iter().filter_map(|&(n, o, w)| Some((n, o?, w))).collect();
+        super::check_struct(MAX_OBJECT, what, size, &fields).map_err(|why| f.bad(why))
+    };
+    let task = [
+        ("coro", Some(o.task_coro), 8),
+        ("name", Some(o.task_name), 8),
+        ("fut_waiter", o.task_fut_waiter, 8),
+        ("callback0", o.fut_callback0, 8),
+        ("callbacks", o.fut_callbacks, 8),
+        ("awaited_by", o.task_awaited_by, 8),
+        ("awaited_by_is_set", o.task_awaited_by_is_set, 1),
+        ("is_task", o.task_is_task, 1),
+        ("node", o.task_node, 16),
+    ];
+    check("task", o.task_size, &task)?;
+    // Every task field lies past the object header.
+    if task.iter().filter_map(|t| t.1).any(|off| off < 16) {
+        return Err(f.bad("a task field overlaps the object header"));
+    }
+    if o.awaiter_links == AwaiterLinks::Callbacks && (o.fut_callback0.is_none() || o.fut_callbacks.is_none()) {
+        return Err(f.bad("callback links need task.callback0 and task.callbacks"));
+    }
+    if o.awaiter_links == AwaiterLinks::AwaitedBy && (o.task_awaited_by.is_none() || o.task_awaited_by_is_set.is_none()) {
+        return Err(f.bad("awaited-by links need task_awaited_by and task_awaited_by_is_set"));
+    }
+    if let Some(t) = o.wakeup_wrapper_task {
+        check("wakeup_wrapper", f.get("wakeup_wrapper.size")?, &[("task", Some(t), 8)])?;
+    }
+    if let Some(t) = o.step_wrapper_task {
+        check("step_wrapper", f.get("step_wrapper.size")?, &[("task", Some(t), 8)])?;
+    }
+    check("cfunction", f.get("cfunction.size")?, &[("m_self", Some(o.cfunction_self), 8)])?;
+    check("method", f.get("method.size")?, &[("im_func", Some(o.method_func), 8), ("im_self", Some(o.method_self), 8)])?;
+    check("function", f.get("function.size")?, &[("func_closure", Some(o.function_closure), 8)])?;
+    check("cell", f.get("cell.size")?, &[("ob_ref", Some(o.cell_ref), 8)])?;
+    // ob_item of a tuple is inline: it may start at the very end.
+    check("tuple", size("tuple_object.size", "tuple.size")?, &[("ob_size", Some(o.tuple_size), 8), ("ob_item", Some(o.tuple_items), 0)])?;
+    check("list", size("list_object.size", "list.size")?, &[("ob_size", Some(o.list_size), 8), ("ob_item", Some(o.list_items), 8)])?;
+    check("set", size("set_object.size", "set.size")?, &[("mask", Some(o.set_mask), 8), ("table", Some(o.set_table), 8)])?;
+    check("setentry", o.setentry_size, &[("key", Some(f.get("setentry.key")?), 8)])?;
+    if f.get("setentry.key")? != 0 {
+        return Err(f.bad("setentry.key is not first"));
+    }
+    check("weakref", f.get("weakref.size")?, &[("wr_object", Some(o.weakref_object), 8)])?;
+    match o.gen_frame {
+        GenFrame::Pointer { gi_frame } => check("gen", gen_size, &[("gi_frame", Some(gi_frame), 8)])?,
+        GenFrame::Embedded { gi_iframe, gi_frame_state, suspended_min, suspended_max } => {
+            // The frame is inline and may run past the fixed part (localsplus).
+            check("gen", gen_size, &[("gi_iframe", Some(gi_iframe), 8), ("gi_frame_state", Some(gi_frame_state), 1)])?;
+            if suspended_min > suspended_max {
+                return Err(f.bad("frame_suspended_min > frame_suspended_max"));
+            }
+        }
+    }
+    let vs: Vec<(&str, Option<u64>, u64)> = match o.value_stack {
+        ValueStack::FrameStacktop { f_stacktop } => vec![("f_stacktop", Some(f_stacktop), 8)],
+        ValueStack::FrameDepth { f_valuestack, f_stackdepth } => vec![("f_valuestack", Some(f_valuestack), 8), ("f_stackdepth", Some(f_stackdepth), 4)],
+        ValueStack::LocalsplusTop { localsplus, stacktop } => vec![("localsplus", Some(localsplus), 0), ("stacktop", Some(stacktop), 4)],
+        ValueStack::StackPointer { stackpointer, tag_mask } => {
+            if tag_mask > 7 {
+                return Err(f.bad(format!("stack_tag_mask {tag_mask} is more than the low 3 bits")));
+            }
+            vec![("stackpointer", Some(stackpointer), 8)]
+        }
+    };
+    check("frame", frame_size, &vs)
+}
+
+/// The words of `_Py_AsyncioModuleDebugOffsets` (3.14+), in order.
+const SECTION_WORDS: [&str; 13] = [
+    "task.size",
+    "task.name",
+    "task.awaited_by",
+    "task.is_task",
+    "task.awaited_by_is_set",
+    "task.coro",
+    "task.node",
+    "interpreter_state.size",
+    "interpreter_state.tasks_head",
+    "thread_state.size",
+    "thread_state.running_loop",
+    "thread_state.running_task",
+    "thread_state.tasks_head",
+];
+
+/// 3.14+: the offsets from the target's `.AsyncioDebug` section (`bytes`,
+/// at least its 13 words), the interpreter's own offsets and the words of
+/// its `_Py_DebugOffsets` (`debug`: gen_object, interpreter_frame,
+/// tuple/list/set_object), and what the embedded file adds from the headers.
+pub fn from_debug_section(bytes: &[u8], interp: &Offsets, debug: &FieldMap) -> Result<AsyncioOffsets> {
+    let minor = interp.version.minor;
+    let f = file(minor).ok_or_else(|| Error::UnsupportedVersion { pid: 0, version: format!("{} (asyncio)", interp.version) })??;
+    if f.values.contains_key("task.size") {
+        return Err(f.bad("this version's task layout comes from its file, not a debug section"));
+    }
+    if bytes.len() < SECTION_WORDS.len() * 8 {
+        return Err(f.bad(format!(".AsyncioDebug is {} bytes, want {}", bytes.len(), SECTION_WORDS.len() * 8)));
+    }
+    let w: BTreeMap<&str, u64> = SECTION_WORDS.iter().enumerate().map(|(i, &k)| (k, u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap()))).collect();
+    let d = |k: &str| debug.get(k).copied();
+    // The section belongs to this interpreter only if it agrees on the one
+    // struct both describe.
+    if w["interpreter_state.size"] != interp.interp.size {
+        return Err(f.bad(format!(
+            ".AsyncioDebug says PyInterpreterState is {} bytes, _Py_DebugOffsets {}: not this interpreter's _asyncio",
+            w["interpreter_state.size"], interp.interp.size
+        )));
+    }
+    super::check_struct(MAX_STATE, "interpreter_state", w["interpreter_state.size"], &[("asyncio_tasks_head", w["interpreter_state.tasks_head"], 16)])
+        .map_err(|why| f.bad(why))?;
+    // _PyThreadStateImpl embeds PyThreadState first.
+    if w["thread_state.size"] < interp.thread.size {
+        return Err(f.bad(format!("thread state of {} bytes is smaller than PyThreadState ({})", w["thread_state.size"], interp.thread.size)));
+    }
+    super::check_struct(
+        MAX_OBJECT,
+        "thread_state",
+        w["thread_state.size"],
+        &[
+            ("running_loop", w["thread_state.running_loop"], 8),
+            ("running_task", w["thread_state.running_task"], 8),
+            ("tasks_head", w["thread_state.tasks_head"], 16),
+        ],
+    )
+    .map_err(|why| f.bad(why))?;
+    let (gen_frame, value_stack, gen_size, frame_size) = f.frames(&d)?;
+    let o = AsyncioOffsets {
+        provenance: format!("the target's .AsyncioDebug and _Py_DebugOffsets; {}", f.provenance),
+        task_size: w["task.size"],
+        task_coro: w["task.coro"],
+        task_name: w["task.name"],
+        task_awaited_by: Some(w["task.awaited_by"]),
+        task_awaited_by_is_set: Some(w["task.awaited_by_is_set"]),
+        task_is_task: Some(w["task.is_task"]),
+        task_node: Some(w["task.node"]),
+        awaiter_links: AwaiterLinks::AwaitedBy,
+        thread_running_task: Some(w["thread_state.running_task"]),
+        thread_running_loop: Some(w["thread_state.running_loop"]),
+        thread_tasks_head: Some(w["thread_state.tasks_head"]),
+        interp_tasks_head: Some(w["interpreter_state.tasks_head"]),
+        ..generic(&f, gen_frame, value_stack, &d)?
+    };
+    validate(&o, &f, gen_size, frame_size, &d)?;
+    Ok(o)
+}
+
+/// The asyncio offsets of an attached target. 3.8–3.13: the embedded file's.
+/// 3.14+: read from the `.AsyncioDebug` section of whichever mapped binary
+/// holds `_asyncio`: its own `_asyncio*.so`, or (built in) the interpreter's
+/// executable or libpython. `Ok(None)`: no mapped binary has it yet (the
+/// program has not imported asyncio; the caller tries again later). The
+/// maps are read afresh: the module is often loaded after attach.
+pub fn locate(attached: &Attached) -> Result<Option<AsyncioOffsets>> {
+    let interp = &attached.interp.offsets;
+    if let Some(o) = for_version(interp.version.minor) {
+        return o.map(Some);
+    }
+    let maps = read_maps(attached.target.pid)?;
+    let mut candidates: Vec<&str> = Vec::new();
+    for m in &maps {
+        let Some(path) = m.path.as_deref() else { continue };
+        if file_name(path).starts_with("_asyncio") && file_name(path).contains(".so") && !candidates.contains(&path) {
+            candidates.push(path);
+        }
+    }
+    candidates.push(&attached.module);
+    for module in candidates {
+        let Some(bytes) = read_section(attached, &maps, module)? else { continue };
+        let file = table::for_minor(interp.version.minor)
+            .ok_or_else(|| Error::UnsupportedVersion { pid: attached.target.pid, version: interp.version.to_string() })?
+            .map_err(|why| Error::BadOffsets { version: interp.version.to_string(), why })?;
+        let debug = debug::load(&attached.mem, attached.interp.runtime, &file, &interp.version)?;
+        return from_debug_section(&bytes, interp, &debug).map(Some);
+    }
+    Ok(None)
+}
+
+/// The bytes of `module`'s `.AsyncioDebug` as the target has them in memory,
+/// None if the file (reached through /proc/PID/root) has no such section.
+fn read_section(attached: &Attached, maps: &[Mapping], module: &str) -> Result<Option<Vec<u8>>> {
+    let elf = ElfFile::open(&attached.target.host_path(module))?;
+    let Some(sec) = elf.section(".AsyncioDebug") else { return Ok(None) };
+    if sec.nobits || sec.size < (SECTION_WORDS.len() * 8) as u64 || sec.size > 4096 {
+        return Err(Error::Binary { path: module.into(), why: format!(".AsyncioDebug of {} bytes is not a _Py_AsyncioModuleDebugOffsets", sec.size) });
+    }
+    let own: Vec<&Mapping> = maps.iter().filter(|m| m.path.as_deref() == Some(module)).collect();
+    let bias = elf.load_bias(&own).ok_or_else(|| Error::Binary { path: module.into(), why: "cannot work out load address".into() })?;
+    let mut bytes = vec![0u8; sec.size as usize];
+    attached.mem.read(sec.addr.wrapping_add(bias), &mut bytes)?;
+    Ok(Some(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_file_up_to_3_13_loads() {
+        for minor in 8..=13 {
+            let o = for_version(minor).unwrap().unwrap_or_else(|e| panic!("3.{minor}: {e}"));
+            assert_eq!(o.awaiter_links, AwaiterLinks::Callbacks);
+            assert!(o.provenance.contains(&format!("cpython-3.{minor}.toml")));
+            // Wake-up wrappers exist until 3.9; 3.10 bound a builtin method instead.
+            assert_eq!(o.wakeup_wrapper_task.is_some(), minor <= 9, "3.{minor}");
+            assert_eq!(matches!(o.gen_frame, GenFrame::Pointer { .. }), minor <= 10, "3.{minor}");
+        }
+        for minor in [7, 14, 15, 16] {
+            assert!(for_version(minor).is_none(), "3.{minor}");
+        }
+    }
+
+    /// The section Debian's 3.14.10 `_asyncio` carries, read off the .so.
+    const SECTION_314: [u64; 13] = [168, 136, 96, 108, 109, 128, 152, 225864, 10880, 936, 864, 872, 880];
+
+    fn section(words: &[u64]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    fn debug_314() -> (Offsets, FieldMap) {
+        let file = table::for_minor(14).unwrap().unwrap();
+        let mut fields = file.fields.clone();
+        fields.extend(file.debug_fields.clone().unwrap().into_iter().zip(file.debug_defaults.clone().unwrap()));
+        (table::offsets_for_tests(14), fields)
+    }
+
+    #[test]
+    fn debug_section_of_3_14() {
+        let (interp, debug) = debug_314();
+        let o = from_debug_section(&section(&SECTION_314), &interp, &debug).unwrap();
+        assert_eq!((o.task_size, o.task_coro, o.task_node), (168, 128, Some(152)));
+        assert_eq!(o.awaiter_links, AwaiterLinks::AwaitedBy);
+        assert_eq!(o.gen_frame, GenFrame::Embedded { gi_iframe: 72, gi_frame_state: 67, suspended_min: -2, suspended_max: -1 });
+        assert_eq!(o.value_stack, ValueStack::StackPointer { stackpointer: 64, tag_mask: 3 });
+        assert_eq!(o.awaited_slot, 1);
+        assert_eq!((o.tuple_items, o.interp_tasks_head, o.thread_running_task), (32, Some(10880), Some(872)));
+    }
+
+    /// Debian's 3.15.2, where `_asyncio` is built into the executable:
+    /// frame states renumbered, and the awaited object one slot lower.
+    #[test]
+    fn debug_section_of_3_15() {
+        let file = table::for_minor(15).unwrap().unwrap();
+        let mut debug = file.fields.clone();
+        debug.extend(file.debug_fields.clone().unwrap().into_iter().zip(file.debug_defaults.clone().unwrap()));
+        let words = [168, 136, 96, 108, 109, 128, 152, 226240, 10856, 1104, 1024, 1032, 1048];
+        let o = from_debug_section(&section(&words), &table::offsets_for_tests(15), &debug).unwrap();
+        assert_eq!(o.gen_frame, GenFrame::Embedded { gi_iframe: 72, gi_frame_state: 67, suspended_min: 1, suspended_max: 3 });
+        assert_eq!(o.awaited_slot, 2);
+        assert_eq!(o.thread_tasks_head, Some(1048));
+        // 3.14's section does not describe a 3.15 interpreter.
+        assert!(from_debug_section(&section(&SECTION_314), &table::offsets_for_tests(15), &debug).is_err());
+    }
+
+    #[test]
+    fn garbage_sections_are_refused() {
+        let (interp, debug) = debug_314();
+        assert!(from_debug_section(&section(&SECTION_314[..12]), &interp, &debug).is_err(), "short");
+        for (i, bad) in [(0, 0), (0, 1 << 40), (5, 168), (1, u64::MAX - 3), (7, 4096), (9, 16), (11, 1 << 30)] {
+            let mut w = SECTION_314;
+            w[i] = bad;
+            assert!(from_debug_section(&section(&w), &interp, &debug).is_err(), "word {i} = {bad}");
+        }
+        let mut no_gen = debug.clone();
+        no_gen.insert("gen_object.gi_iframe".into(), 1 << 20);
+        assert!(from_debug_section(&section(&SECTION_314), &interp, &no_gen).is_err());
+    }
 }
