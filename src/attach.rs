@@ -21,6 +21,8 @@ pub struct AttachOptions {
     pub native: Option<crate::native::NativeOptions>,
     /// Whether a snapshot may hold the GIL holder still (`freeze`).
     pub sampling: crate::freeze::Sampling,
+    /// `--async`: stacks as asyncio tasks see them.
+    pub asyncio: Option<crate::python::asyncio::AsyncMode>,
 }
 
 pub struct Attached {

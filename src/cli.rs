@@ -11,6 +11,7 @@ use crate::binary::runtime::Method;
 use crate::freeze::Sampling;
 use crate::output::{Format, Paths, View};
 use crate::profile::aggregate::AggregateOptions;
+use crate::python::asyncio::AsyncMode;
 use crate::record::{RecordConfig, RecordTarget, default_output};
 use crate::sampler::{Mode, SamplingConfig};
 
@@ -67,6 +68,22 @@ pub struct AttachArgs {
     /// torn (shares of short calls then come out low; docs/architecture.md).
     #[arg(long, conflicts_with = "native")]
     pub nonblocking: bool,
+
+    /// Stacks as asyncio tasks see them: a thread running a task shows its
+    /// coroutines, the task, then the tasks awaiting it up to the root.
+    /// `--async=all` also samples every pending task where it waits (dump
+    /// always shows every task).
+    #[arg(long = "async", value_enum, value_name = "WHICH", num_args = 0..=1, require_equals = true, default_missing_value = "running", conflicts_with = "native")]
+    pub asyncio: Option<AsyncArg>,
+}
+
+/// `--async`, as clap sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AsyncArg {
+    /// The running task's await chain, on the thread running it.
+    Running,
+    /// And every pending task, sampled where it waits (wall clock).
+    All,
 }
 
 impl AttachArgs {
@@ -77,7 +94,11 @@ impl AttachArgs {
             o
         });
         let sampling = if self.nonblocking { Sampling::Nonblocking } else { Sampling::Exact };
-        AttachOptions { runtime_method: self.runtime_method, native, sampling }
+        let asyncio = self.asyncio.map(|a| match a {
+            AsyncArg::Running => AsyncMode::Running,
+            AsyncArg::All => AsyncMode::All,
+        });
+        AttachOptions { runtime_method: self.runtime_method, native, sampling, asyncio }
     }
 }
 
@@ -357,7 +378,12 @@ pub struct DumpArgs {
 
 impl DumpArgs {
     pub fn into_config(self) -> crate::dump::DumpConfig {
-        crate::dump::DumpConfig { pid: self.target.pid, attach: self.target.attach.options(), json: self.json, verbose: self.verbose, paths: self.paths.into() }
+        let mut attach = self.target.attach.options();
+        // A dump is one look at everything: every pending task, not only the running ones.
+        if attach.asyncio.is_some() {
+            attach.asyncio = Some(AsyncMode::All);
+        }
+        crate::dump::DumpConfig { pid: self.target.pid, attach, json: self.json, verbose: self.verbose, paths: self.paths.into() }
     }
 }
 

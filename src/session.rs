@@ -7,6 +7,7 @@ use crate::freeze::{AcquireStats, Freezer, Sampling};
 use crate::native::NativeStats;
 use crate::native::layer::NativeLayer;
 use crate::process::prefetch::PrefetchStats;
+use crate::python::asyncio::TaskStats;
 use crate::python::code::CodeCacheStats;
 pub use crate::python::snapshot::SnapshotNeeds;
 use crate::python::snapshot::Snapshotter;
@@ -23,6 +24,9 @@ impl Session {
     pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Session> {
         let attached = attach(pid, opts)?;
         let mut python = Snapshotter::new(&attached.interp);
+        if let Some(mode) = opts.asyncio {
+            python.enable_async(mode);
+        }
         let native = match &opts.native {
             Some(o) => {
                 python.keep_groups();
@@ -79,9 +83,22 @@ impl Session {
         self.native.as_ref().map_or(&[], |n| &n.state.warnings)
     }
 
-    /// Every thread's stack, innermost frame first (with C frames under `--native`).
+    /// `--async` counts so far.
+    pub fn task_stats(&self) -> Option<TaskStats> {
+        self.python.task_stats()
+    }
+
+    /// Every thread's stack, innermost frame first (with C frames under
+    /// `--native`, as task await chains under `--async`).
     pub fn snapshot(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
         let a = &self.attached;
+        if let Some(tasks) = self.python.tasks_mut() {
+            // asyncio is imported whenever the program likes: looked for
+            // until found, a few times a second.
+            if tasks.wants_offsets() {
+                tasks.set_offsets(crate::offsets::asyncio::locate(a).ok().flatten());
+            }
+        }
         match &mut self.native {
             Some(native) => native.snapshot(a, &mut self.python, needs),
             None => self.freezer.snapshot(a, &mut self.python, needs),

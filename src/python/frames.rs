@@ -58,6 +58,11 @@ pub struct FrameWalker {
     check: Vec<u8>,
     /// Eval-loop groups of the last [`walk`](Self::walk), innermost first.
     pub groups: Vec<EvalGroup>,
+    /// With [`keep_addresses`](Self::keep_addresses): the address of each
+    /// Python frame the last walk put out, in the same order (`--async`
+    /// finds a task's coroutine in the stack by its frame).
+    pub addresses: Vec<u64>,
+    keep_addresses: bool,
     lines: LineMemo,
 }
 
@@ -262,6 +267,30 @@ fn instruction(o: &Offsets, f: &RawFrame, code: &CodeInfo) -> Option<i32> {
 }
 
 impl FrameWalker {
+    /// Record each walked frame's address ([`Self::addresses`]).
+    pub fn keep_addresses(&mut self) {
+        self.keep_addresses = true;
+    }
+
+    /// One frame that is no thread's current stack (a suspended coroutine's),
+    /// as a Python frame: None when it is no Python frame or hidden as
+    /// incomplete. Its words do not join the re-read: a suspended frame
+    /// changes only when its task runs, which needs the GIL the snapshot holds.
+    pub fn frame_at(&mut self, ctx: &WalkContext, codes: &mut CodeCache, frame: u64) -> Result<Option<Frame>> {
+        let o = ctx.offsets;
+        self.buf.resize(o.frame.size as usize, 0);
+        ctx.mem.read(frame, &mut self.buf)?;
+        let f = RawFrame::parse(o, &self.buf);
+        if f.code == 0 || (o.rules.entry_shim_frames && f.owner.zip(o.constants.first_non_python_owner).is_some_and(|(owner, first)| owner >= first)) {
+            return Ok(None);
+        }
+        let (t, _) = ctx.mem.read_time(frame, self.buf.len());
+        let (code, _) = codes.get(ctx.code, o, f.code, t, ctx.gens)?;
+        let Some(instr) = instruction(o, &f, code) else { return Ok(None) };
+        let line = self.lines.line(o, code, instr);
+        Ok(Some(Frame { function: code.name.clone(), file: code.filename.clone(), line, kind: FrameKind::Python }))
+    }
+
     /// Forget the links of the previous snapshot.
     pub fn begin(&mut self) {
         self.links.clear();
@@ -412,6 +441,7 @@ impl FrameWalker {
         let o = ctx.offsets;
         self.buf.resize(o.frame.size as usize, 0);
         self.groups.clear();
+        self.addresses.clear();
         let mut n = 0usize;
         let mut cycle = CycleCheck::new();
         let mut visited = 0usize;
@@ -468,6 +498,9 @@ impl FrameWalker {
                         let line = self.lines.line(o, code, instr);
                         put_frame(out, n, code, line);
                         n += 1;
+                        if self.keep_addresses {
+                            self.addresses.push(frame);
+                        }
                         if o.rules.eval_call_per_frame {
                             self.close_group(n, 0);
                         }

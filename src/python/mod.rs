@@ -1,5 +1,6 @@
 //! Reading CPython's own data structures out of the target.
 
+pub mod asyncio;
 pub mod code;
 pub mod frames;
 pub mod gil;

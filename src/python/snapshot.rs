@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::process::memory::RemoteMemory;
 use crate::process::prefetch::{PrefetchStats, Prefetcher};
 use crate::process::{Target, task_comm, task_state};
+use crate::python::asyncio::{AsyncMode, Readers, TaskGraph, TaskStats, ThreadView};
 use crate::python::code::{CodeCache, CodeCacheStats, Generations, Sources};
 use crate::python::frames::{FrameWalker, WalkContext};
 use crate::python::thread_names::NameCache;
@@ -108,11 +109,31 @@ pub struct Snapshotter {
     fixed_held: bool,
     /// Scratch: the addresses of a frozen snapshot's fixed words.
     last: Vec<u64>,
+    /// `--async`: the task graph, and each thread's frame addresses it
+    /// finds running coroutines by.
+    tasks: Option<TaskGraph>,
+    frame_addrs: Vec<Vec<u64>>,
 }
 
 impl Snapshotter {
     pub fn new(interp: &Interpreter) -> Snapshotter {
         Snapshotter { codes: CodeCache::new(interp.image.clone()), ..Snapshotter::default() }
+    }
+
+    /// `--async`: stacks of threads running asyncio tasks become the tasks'
+    /// await chains (`python::asyncio`).
+    pub fn enable_async(&mut self, mode: AsyncMode) {
+        self.tasks = Some(TaskGraph::new(mode));
+        self.walker.keep_addresses();
+    }
+
+    /// The task graph, under `--async`.
+    pub fn tasks_mut(&mut self) -> Option<&mut TaskGraph> {
+        self.tasks.as_mut()
+    }
+
+    pub fn task_stats(&self) -> Option<TaskStats> {
+        self.tasks.as_ref().map(|t| t.stats)
     }
 
     /// Keep each thread's eval-loop groups of the last snapshot ([`Self::groups`]).
@@ -201,11 +222,33 @@ impl Snapshotter {
         if check.frozen {
             self.moved.clear();
         }
+        if let Ok(threads) = &mut result {
+            self.task_stacks(src, threads);
+        }
         self.prefetch.end();
         if let Ok(threads) = &mut result {
             self.thread_facts(src, threads, needs);
         }
         result
+    }
+
+    /// `--async`: still inside the snapshot's instant (the GIL holder is
+    /// held), so the suspended tasks read are those of the same moment.
+    fn task_stacks(&mut self, src: Source, threads: &mut Vec<ThreadStack>) {
+        let Some(graph) = self.tasks.as_mut() else { return };
+        let views: Vec<ThreadView> =
+            self.states.iter().zip(&self.frame_addrs).map(|(ts, frames)| ThreadView { tstate: ts.addr, interp: ts.interp, frames }).collect();
+        // Through the sample's view: what the last samples' graphs read is
+        // in this sample's first read already, so a steady graph costs no
+        // syscall of its own. Code objects of suspended frames are proven by
+        // their own words (no generation counter is read after them).
+        let view = self.prefetch.view(src.mem);
+        let (code_view, code_fresh) = (view.code(false), view.code(true));
+        let code = Sources { held: &code_view, fresh: &code_fresh, gens_at: 0 };
+        let gens = Generations { interp: views.first().map_or(0, |v| v.interp), ..Generations::default() };
+        let ctx = WalkContext { mem: &view, code: &code, offsets: &src.interp.offsets, gens, hooked: false };
+        let mut rd = Readers { mem: &view, offsets: &src.interp.offsets, walker: &mut self.walker, codes: &mut self.codes, ctx: &ctx };
+        graph.apply(&mut rd, &views, threads);
     }
 
     /// Names and run states of a verified snapshot's threads. Done after the
@@ -323,6 +366,12 @@ impl Snapshotter {
                     slot.frames.clear();
                 }
                 Err(e) => return Err(e),
+            }
+            if self.tasks.is_some() {
+                if self.frame_addrs.len() <= i {
+                    self.frame_addrs.resize_with(i + 1, Vec::new);
+                }
+                self.frame_addrs[i].clone_from(&self.walker.addresses);
             }
             if self.keep_groups {
                 if self.groups.len() <= i {
