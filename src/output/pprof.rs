@@ -418,7 +418,11 @@ mod tests {
         p.frames.push(synthetic("task fetcher", FrameKind::Task));
         p.frames.push(synthetic("<GC>", FrameKind::Gc));
         // <module> → task Task-1 → main → task fetcher → work → <GC>
-        p.stacks = vec![Stack { frames: vec![0, 4, 1, 5, 2, 6], thread: 0, count: 5 }, Stack { frames: vec![0, 4, 1], thread: 0, count: 3 }, Stack { frames: vec![0, 1], thread: 0, count: 2 }];
+        p.stacks = vec![
+            Stack { frames: vec![0, 4, 1, 5, 2, 6], thread: 0, count: 5 },
+            Stack { frames: vec![0, 4, 1], thread: 0, count: 3 },
+            Stack { frames: vec![0, 1], thread: 0, count: 2 },
+        ];
         let pp = round_trip(&p);
         let kinds: BTreeMap<&str, &str> = pp.function.iter().map(|f| (s(&pp, f.name), s(&pp, f.system_name))).collect();
         assert_eq!(kinds["task Task-1"], "pyprof:task");
