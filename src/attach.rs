@@ -21,6 +21,8 @@ pub struct AttachOptions {
     pub native: Option<crate::native::NativeOptions>,
     /// Whether a snapshot may hold the GIL holder still (`freeze`).
     pub sampling: crate::freeze::Sampling,
+    /// `--thread`, `--main-thread`: the threads to sample.
+    pub threads: crate::thread_filter::ThreadFilter,
 }
 
 pub struct Attached {

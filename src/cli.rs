@@ -67,6 +67,16 @@ pub struct AttachArgs {
     /// torn (shares of short calls then come out low; docs/architecture.md).
     #[arg(long, conflicts_with = "native")]
     pub nonblocking: bool,
+
+    /// Sample only threads whose name matches this glob (the `threading`
+    /// name, else the kernel's) or whose native id is this TID; repeatable.
+    /// Other threads' stacks are not even read.
+    #[arg(long = "thread", value_name = "NAME|TID")]
+    pub thread: Vec<crate::thread_filter::Selector>,
+
+    /// Sample only the main thread (whose native id is the pid), besides any --thread.
+    #[arg(long)]
+    pub main_thread: bool,
 }
 
 impl AttachArgs {
@@ -77,7 +87,8 @@ impl AttachArgs {
             o
         });
         let sampling = if self.nonblocking { Sampling::Nonblocking } else { Sampling::Exact };
-        AttachOptions { runtime_method: self.runtime_method, native, sampling }
+        let threads = crate::thread_filter::ThreadFilter::new(&self.thread, self.main_thread);
+        AttachOptions { runtime_method: self.runtime_method, native, sampling, threads }
     }
 }
 

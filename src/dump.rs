@@ -132,6 +132,9 @@ pub fn snapshot(session: &mut Session) -> Result<Vec<ThreadStack>> {
 /// One snapshot of `session`'s target, as text or JSON.
 pub fn write(session: &mut Session, opts: &DumpConfig, out: &mut dyn Write) -> Result<()> {
     let threads = snapshot(session)?;
+    if threads.is_empty() && !opts.attach.threads.is_all() {
+        return Err(Error::NoThreadSelected { pid: session.pid(), filter: opts.attach.threads.describe() });
+    }
     for w in session.native_warnings() {
         eprintln!("pyprof: warning: {w}");
     }

@@ -9,7 +9,7 @@ use crate::native::layer::NativeLayer;
 use crate::process::prefetch::PrefetchStats;
 use crate::python::code::CodeCacheStats;
 pub use crate::python::snapshot::SnapshotNeeds;
-use crate::python::snapshot::Snapshotter;
+use crate::python::snapshot::{Snapshotter, WalkStats};
 use crate::stack::ThreadStack;
 
 pub struct Session {
@@ -23,6 +23,7 @@ impl Session {
     pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Session> {
         let attached = attach(pid, opts)?;
         let mut python = Snapshotter::new(&attached.interp);
+        python.select(opts.threads.clone());
         let native = match &opts.native {
             Some(o) => {
                 python.keep_groups();
@@ -67,6 +68,11 @@ impl Session {
 
     pub fn prefetch_stats(&self) -> PrefetchStats {
         self.python.prefetch_stats()
+    }
+
+    /// How many thread stacks and frames this session has walked.
+    pub fn walk_stats(&self) -> WalkStats {
+        self.python.walk_stats()
     }
 
     /// `--native`: merge outcomes and pauses so far.
