@@ -107,7 +107,7 @@ fn record_samples_only_the_selected_threads() {
 }
 
 /// The same selections in `dump`, and a filter that selects nothing: one
-/// line, exit 1, nothing on stdout.
+/// line, exit 1, nothing on stdout (an empty `--thread`: exit 2).
 #[test]
 fn dump_shows_only_the_selected_threads() {
     for_each_interpreter(|py| {
@@ -142,6 +142,13 @@ fn dump_shows_only_the_selected_threads() {
         assert!(o.stdout.is_empty(), "{}", py.label);
         assert_eq!(stderr.trim_end().lines().count(), 1, "{}: {stderr}", py.label);
         assert!(stderr.contains(r#"no thread matches --thread "no-such-thread""#), "{}: {stderr}", py.label);
+
+        // Not a selection at all: refused before attaching, one line.
+        let o = run(&["dump", "--pid", &pid.to_string(), "--thread", ""]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{}: {stderr}", py.label);
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{}: {stderr}", py.label);
+        assert!(stderr.contains("--thread needs a thread name"), "{}: {stderr}", py.label);
     });
 }
 
