@@ -83,7 +83,8 @@ fn set(threads: &[(&str, i64)]) -> BTreeSet<(String, i64)> {
 /// stacks.py: a spinning main thread and seven named ones. A name glob and
 /// a TID together give those two threads, from the first tick on (a name is
 /// not known before the first snapshot has read it: such a thread is walked,
-/// then judged); `--main-thread` gives the main thread alone.
+/// then judged); `--main-thread` gives the main thread alone; a name no
+/// thread has gives an empty profile and a warning, not an error.
 #[test]
 fn record_samples_only_the_selected_threads() {
     let _serial = heavy();
@@ -103,6 +104,16 @@ fn record_samples_only_the_selected_threads() {
         let p = record(&py.label, pid, "0.5", &dir.join("main.json"), &["--main-thread"]);
         assert_eq!(sampled_threads(&p), set(&[("MainThread", pid as i64)]), "{}", py.label);
         assert!(p.stacks.iter().all(|s| s.frames.iter().any(|&f| p.frames[f as usize].function == "spin_forever")), "{}", py.label);
+
+        // A thread that is not there is no error (it may start later): an
+        // empty profile, and a warning in the summary.
+        let none = dir.join("none.json");
+        let o = run(&["record", "--pid", &pid.to_string(), "-d", "0.3", "-f", "json", "-o", none.to_str().unwrap(), "--thread", "no-such-thread"]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{}: {stderr}", py.label);
+        assert!(stderr.contains(r#"warning: no samples of the threads --thread "no-such-thread" selects"#), "{}: {stderr}", py.label);
+        let p = pyprof::output::json::read(&std::fs::read(&none).unwrap()).unwrap();
+        assert_eq!(p.total_samples(), 0, "{}", py.label);
     });
 }
 

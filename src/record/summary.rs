@@ -131,6 +131,10 @@ pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, nativ
     for w in &stats.native_warnings {
         eprintln!("pyprof: warning: {w}");
     }
+    // Not an error: the threads may have been meant to start later.
+    if stats.samples == 0 && !cfg.attach.threads.is_all() {
+        eprintln!("pyprof: warning: no samples of the threads {} selects (none matched, or none ran Python)", cfg.attach.threads.describe());
+    }
 }
 
 /// The progress line on a terminal.
