@@ -23,6 +23,8 @@ pub struct AttachOptions {
     pub sampling: crate::freeze::Sampling,
     /// `--async`: stacks as asyncio tasks see them.
     pub asyncio: Option<crate::python::asyncio::AsyncMode>,
+    /// `--thread`, `--main-thread`: the threads to sample.
+    pub threads: crate::thread_filter::ThreadFilter,
 }
 
 pub struct Attached {

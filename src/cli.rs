@@ -75,6 +75,16 @@ pub struct AttachArgs {
     /// always shows every task).
     #[arg(long = "async", value_enum, value_name = "WHICH", num_args = 0..=1, require_equals = true, default_missing_value = "running", conflicts_with = "native")]
     pub asyncio: Option<AsyncArg>,
+
+    /// Sample only threads whose name matches this glob (the `threading`
+    /// name, else the kernel's) or whose native id is this TID; repeatable.
+    /// Other threads' stacks are not even read.
+    #[arg(long = "thread", value_name = "NAME|TID")]
+    pub thread: Vec<crate::thread_filter::Selector>,
+
+    /// Sample only the main thread (whose native id is the pid), besides any --thread.
+    #[arg(long)]
+    pub main_thread: bool,
 }
 
 /// `--async`, as clap sees it.
@@ -98,7 +108,8 @@ impl AttachArgs {
             AsyncArg::Running => AsyncMode::Running,
             AsyncArg::All => AsyncMode::All,
         });
-        AttachOptions { runtime_method: self.runtime_method, native, sampling, asyncio }
+        let threads = crate::thread_filter::ThreadFilter::new(&self.thread, self.main_thread);
+        AttachOptions { runtime_method: self.runtime_method, native, sampling, asyncio, threads }
     }
 }
 

@@ -64,13 +64,24 @@ enum FrameJson<'a> {
         function: &'a str,
         module: &'a str,
     },
+    /// `--async`: `function` is the whole label, `task NAME`.
+    Task {
+        function: &'a str,
+    },
+    /// The garbage collector was running: `function` is `<GC>`.
+    Gc {
+        function: &'a str,
+    },
 }
 
 impl<'a> FrameJson<'a> {
     fn of(f: &'a Frame) -> FrameJson<'a> {
         match f.kind {
             FrameKind::Native => FrameJson::Native { function: &f.function, module: &f.file },
-            _ => FrameJson::Python { function: &f.function, file: &f.file, line: f.line },
+            FrameKind::Task => FrameJson::Task { function: &f.function },
+            FrameKind::Gc => FrameJson::Gc { function: &f.function },
+            // Thread and process roots are only added when recording.
+            FrameKind::Python | FrameKind::Thread | FrameKind::Process => FrameJson::Python { function: &f.function, file: &f.file, line: f.line },
         }
     }
 }
@@ -121,6 +132,9 @@ pub fn snapshot(session: &mut Session) -> Result<Vec<ThreadStack>> {
 /// One snapshot of `session`'s target, as text or JSON.
 pub fn write(session: &mut Session, opts: &DumpConfig, out: &mut dyn Write) -> Result<()> {
     let threads = snapshot(session)?;
+    if threads.is_empty() && !opts.attach.threads.is_all() {
+        return Err(Error::NoThreadSelected { pid: session.pid(), filter: opts.attach.threads.describe() });
+    }
     for w in session.native_warnings() {
         eprintln!("pyprof: warning: {w}");
     }
@@ -133,7 +147,7 @@ pub fn write(session: &mut Session, opts: &DumpConfig, out: &mut dyn Write) -> R
     }
     // Short paths, as the flame graph shows them: relative to the target's
     // working directory, the package's own path, else the file name.
-    let python_files = threads.iter().flat_map(|t| &t.frames).filter(|f| !f.is_native()).map(|f| &*f.file);
+    let python_files = threads.iter().flat_map(|t| &t.frames).filter(|f| f.kind == FrameKind::Python).map(|f| &*f.file);
     let short = match opts.paths {
         Paths::Short => short_files(python_files, a.target.cwd.as_deref()),
         Paths::Full => Default::default(),
@@ -156,13 +170,53 @@ pub fn write(session: &mut Session, opts: &DumpConfig, out: &mut dyn Write) -> R
             writeln!(out, "    {}", crate::sampler::TORN)?;
         }
         for f in &t.frames {
-            if f.is_native() {
-                writeln!(out, "    {} [{}]", f.function, f.file)?;
-            } else {
-                let file = short.get(&*f.file).map_or(&*f.file, String::as_str);
-                writeln!(out, "    {} ({file}:{})", f.function, f.line)?;
-            }
+            writeln!(out, "    {}", text_frame(f, &short))?;
         }
     }
     Ok(())
+}
+
+/// One frame of the text output. A task frame is set off by dashes: it is
+/// no call, but the boundary between a task's coroutines (above) and the
+/// task awaiting it (below).
+fn text_frame(f: &Frame, short: &std::collections::HashMap<&str, String>) -> String {
+    match f.kind {
+        FrameKind::Native => format!("{} [{}]", f.function, f.file),
+        FrameKind::Task => format!("-- {} --", f.function),
+        FrameKind::Gc | FrameKind::Thread | FrameKind::Process => f.function.to_string(),
+        FrameKind::Python => {
+            let file = short.get(&*f.file).map_or(&*f.file, String::as_str);
+            format!("{} ({file}:{})", f.function, f.line)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_and_gc_frames_in_text_and_json() {
+        let frames = [
+            Frame::marker("<GC>", FrameKind::Gc),
+            Frame::python("fetch", "/app/net.py", 40),
+            Frame::marker("task fetcher", FrameKind::Task),
+            Frame::python("main", "/app/app.py", 5),
+            Frame::native("memcpy".into(), "libc.so.6".into()),
+        ];
+        let short: std::collections::HashMap<&str, String> = [("/app/net.py", "net.py".to_string())].into();
+        let text: Vec<String> = frames.iter().map(|f| text_frame(f, &short)).collect();
+        assert_eq!(text, ["<GC>", "fetch (net.py:40)", "-- task fetcher --", "main (/app/app.py:5)", "memcpy [libc.so.6]"]);
+        let json: Vec<String> = frames.iter().map(|f| serde_json::to_string(&FrameJson::of(f)).unwrap()).collect();
+        assert_eq!(
+            json,
+            [
+                r#"{"kind":"gc","function":"<GC>"}"#,
+                r#"{"kind":"python","function":"fetch","file":"/app/net.py","line":40}"#,
+                r#"{"kind":"task","function":"task fetcher"}"#,
+                r#"{"kind":"python","function":"main","file":"/app/app.py","line":5}"#,
+                r#"{"kind":"native","function":"memcpy","module":"libc.so.6"}"#,
+            ]
+        );
+    }
 }

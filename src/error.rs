@@ -48,6 +48,10 @@ pub enum Error {
     #[error("{path}: {why}")]
     Binary { path: PathBuf, why: String },
 
+    /// `dump --thread`/`--main-thread` selected none of the threads there are.
+    #[error("no thread matches {filter} (without them, dump lists every thread)")]
+    NoThreadSelected { pid: i32, filter: String },
+
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }

@@ -28,6 +28,7 @@ pub mod record;
 pub mod sampler;
 pub mod session;
 pub mod stack;
+pub mod thread_filter;
 
 use cli::{Cli, Command};
 

@@ -10,7 +10,7 @@ use crate::process::prefetch::PrefetchStats;
 use crate::python::asyncio::TaskStats;
 use crate::python::code::CodeCacheStats;
 pub use crate::python::snapshot::SnapshotNeeds;
-use crate::python::snapshot::Snapshotter;
+use crate::python::snapshot::{Snapshotter, WalkStats};
 use crate::stack::ThreadStack;
 
 pub struct Session {
@@ -27,6 +27,7 @@ impl Session {
         if let Some(mode) = opts.asyncio {
             python.enable_async(mode);
         }
+        python.select(opts.threads.clone());
         let native = match &opts.native {
             Some(o) => {
                 python.keep_groups();
@@ -71,6 +72,11 @@ impl Session {
 
     pub fn prefetch_stats(&self) -> PrefetchStats {
         self.python.prefetch_stats()
+    }
+
+    /// How many thread stacks and frames this session has walked.
+    pub fn walk_stats(&self) -> WalkStats {
+        self.python.walk_stats()
     }
 
     /// `--native`: merge outcomes and pauses so far.

@@ -232,7 +232,10 @@ fn trouble_exits_2_with_one_clear_line() {
     let valid = std::fs::read_to_string(golden_dir().join("base.json")).unwrap();
     let truncated = write("truncated.json", &valid.as_bytes()[..valid.len() / 2]);
     let garbage = write("garbage.bin", b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\xff\xfe");
-    let newer = write("newer.json", valid.replacen("\"version\":1", "\"version\":2", 1).as_bytes());
+    let next = pyprof::output::json::SCHEMA_VERSION + 1;
+    let newer = write("newer.json", valid.replacen("\"version\":1", &format!("\"version\":{next}"), 1).as_bytes());
+    let newer_says = format!("schema version {next} is newer");
+    let newer_needles = ["NEW", "newer.json", newer_says.as_str(), "upgrade pyprof"];
     let bad_ref = write("badref.json", valid.replacen("\"frames\":[0,1,2,3]", "\"frames\":[0,1,2,99]", 1).as_bytes());
     let empty = write("empty.json", b"");
     let not_folded = write("words.txt", b"this is not a profile\n");
@@ -246,7 +249,7 @@ fn trouble_exits_2_with_one_clear_line() {
         (vec![good, missing], &["NEW", "missing.json", "cannot read"]),
         (vec![good, &truncated], &["NEW", "truncated.json", "corrupt pyprof JSON profile (truncated?)", "EOF"]),
         (vec![&garbage, good], &["BASE", "garbage.bin", "neither a pyprof JSON profile nor collapsed stacks"]),
-        (vec![good, &newer], &["NEW", "newer.json", "schema version 2 is newer", "upgrade pyprof"]),
+        (vec![good, &newer], &newer_needles),
         (vec![good, &bad_ref], &["NEW", "corrupt", "frame or thread that does not exist"]),
         (vec![&empty, good], &["BASE", "empty.json", "empty"]),
         (vec![good, &not_folded], &["NEW", "words.txt", "line 1", "not a sample count"]),
@@ -470,4 +473,75 @@ fn differential_flamegraph_renders_in_headless_chromium() {
     let bytes = std::fs::read(&png).unwrap_or_else(|e| panic!("no screenshot {}: {e}", png.display()));
     assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 5_000, "blank screenshot? {} bytes", bytes.len());
     println!("rendered {} → {}", svg_path.display(), png.display());
+}
+
+/// `--async` task frames and the collector's `<GC>` compare like functions
+/// of no file, from JSON profiles (schema 2, written here) and from the
+/// collapsed files written from them: a task whose share grew (total: a task
+/// frame is never a leaf) and a collector that runs more are regressions,
+/// the root task, in every sample on both sides, is not.
+#[test]
+fn task_and_gc_frames_compare_like_functions() {
+    use pyprof::output::Writer;
+    use pyprof::profile::model::{Frame, FrameKind, Profile, Stack};
+    let dir = temp_dir("diff-tasks");
+    let synthetic = |function: &str, kind| Frame { function: function.into(), file: String::new(), line: None, kind };
+    let side = |main: u64, fetch: u64, gc: u64| {
+        let mut p = Profile::example();
+        p.frames = vec![
+            Frame::python("<module>", "/app/app.py", 30),
+            synthetic("task Task-1", FrameKind::Task),
+            Frame::python("main", "/app/app.py", 12),
+            synthetic("task fetcher", FrameKind::Task),
+            Frame::python("fetch", "/app/net.py", 40),
+            synthetic("<GC>", FrameKind::Gc),
+        ];
+        p.stacks = vec![
+            Stack { frames: vec![0, 1, 2], thread: 0, count: main },
+            Stack { frames: vec![0, 1, 2, 3, 4], thread: 0, count: fetch },
+            Stack { frames: vec![0, 1, 2, 3, 4, 5], thread: 0, count: gc },
+        ];
+        p.meta.samples = main + fetch + gc;
+        p
+    };
+    // fetcher's task: 35 % → 60 % of the samples; <GC>: 5 % → 30 %.
+    let profiles = [("base", side(6500, 3000, 500)), ("new", side(4000, 3000, 3000))];
+    let mut reports = Vec::new();
+    for kind in ["json", "folded"] {
+        let mut args: Vec<String> = Vec::new();
+        for (name, p) in &profiles {
+            let path = dir.join(format!("{name}.{kind}"));
+            let mut f = std::fs::File::create(&path).unwrap();
+            if kind == "json" {
+                pyprof::output::json::Json.write(p, &mut f).unwrap();
+                assert!(std::fs::read_to_string(&path).unwrap().starts_with(r#"{"format":"pyprof-profile","version":2,"#));
+            } else {
+                pyprof::output::collapsed::Collapsed::default().write(p, &mut f).unwrap();
+            }
+            args.push(path.to_str().unwrap().into());
+        }
+        let report = dir.join(format!("report-{kind}.json"));
+        args.extend(["--root", "/app", "--json", report.to_str().unwrap()].map(String::from));
+        let out = diff_in(&dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{kind}: {stdout}{}", text(&out.stderr));
+        let report = read_json(&report);
+        let gc = function(&report, "<GC>");
+        assert_eq!((gc["file"].as_str(), gc["status"].as_str()), (Some(""), Some("regression")), "{kind}: {gc:#}");
+        assert!(
+            (gc["self"]["base_pct"].as_f64().unwrap() - 5.0).abs() < 1e-6 && (gc["self"]["new_pct"].as_f64().unwrap() - 30.0).abs() < 1e-6,
+            "{kind}: {gc:#}"
+        );
+        let task = function(&report, "task fetcher");
+        assert_eq!((task["file"].as_str(), task["status"].as_str()), (Some(""), Some("regression")), "{kind}: {task:#}");
+        assert_eq!(task["self"]["base_pct"].as_f64(), Some(0.0), "{kind}: {task:#}");
+        assert!((task["total"]["new_pct"].as_f64().unwrap() - 60.0).abs() < 1e-6, "{kind}: {task:#}");
+        assert_eq!(function(&report, "task Task-1")["status"], "unchanged", "{kind}");
+        // The text report names them as they are labelled.
+        let regressions = &stdout[stdout.find("Regressions:").unwrap()..];
+        assert!(regressions.contains("<GC>") && regressions.contains("task fetcher"), "{kind}: {stdout}");
+        reports.push(report);
+    }
+    let rows = |r: &Value| function_rows(r, |file| file.to_string());
+    assert_eq!(rows(&reports[0]), rows(&reports[1]));
 }

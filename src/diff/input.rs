@@ -8,6 +8,9 @@ use anyhow::{Context, bail};
 use crate::output::json;
 use crate::profile::model::{Frame, FrameKind, Meta, Profile, Stack, ThreadInfo};
 
+/// The label of a [`FrameKind::Gc`] frame.
+const GC_LABEL: &str = "<GC>";
+
 /// Which file format a side was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InputKind {
@@ -135,8 +138,19 @@ pub fn parse_collapsed(text: &str) -> anyhow::Result<Profile> {
 /// (file)` or `qualname`. A root frame that looks like pyprof's `--threads`
 /// or `--subprocesses` root (`thread NAME (TID)`, `process PID (COMMAND)`)
 /// becomes a synthetic frame, which diff leaves out of the comparison.
+/// `<GC>` and `task NAME` (`--async`) are read at any depth as their kinds:
+/// no Python or C frame has such a label, a qualname holds no space and
+/// always comes with its location. The one ambiguity is `task (…)`, which
+/// is a function named `task` (far likelier than a task whose name starts
+/// with a parenthesis).
 pub fn parse_label(label: &str, is_root: bool) -> Frame {
     let label = label.replace('\u{a0}', " ");
+    if label == GC_LABEL {
+        return Frame { function: label, file: String::new(), line: None, kind: FrameKind::Gc };
+    }
+    if label.strip_prefix("task ").is_some_and(|name| !name.is_empty() && !name.starts_with('(')) {
+        return Frame { function: label, file: String::new(), line: None, kind: FrameKind::Task };
+    }
     if is_root {
         let synthetic = if let Some(rest) = label.strip_prefix("process ") {
             let pid = rest.split(' ').next().unwrap_or("");
@@ -188,6 +202,61 @@ mod tests {
         assert_eq!(parse_label("process 12 (python3 x.py)", true).kind, FrameKind::Process);
         assert_ne!(parse_label("thread MainThread (42)", false).kind, FrameKind::Thread);
         assert_eq!(parse_label("handler\u{a0}2", false).function, "handler 2");
+    }
+
+    #[test]
+    fn task_and_gc_labels_parse_back_as_their_kinds() {
+        for (label, kind) in [
+            ("task Task-3", FrameKind::Task),
+            ("task fetcher", FrameKind::Task),
+            ("task worker\u{a0}2", FrameKind::Task),
+            ("task odd (name)", FrameKind::Task),
+            ("<GC>", FrameKind::Gc),
+            // A function named `task`, and one that merely mentions GC.
+            ("task (app.py:3)", FrameKind::Python),
+            ("task (app.py)", FrameKind::Python),
+            ("collect <GC> (gc.py:1)", FrameKind::Python),
+            ("task", FrameKind::Python),
+        ] {
+            let f = parse_label(label, false);
+            assert_eq!(f.kind, kind, "{label}");
+            if kind != FrameKind::Python {
+                assert_eq!((f.function.as_str(), f.file.as_str(), f.line), (label.replace('\u{a0}', " ").as_str(), "", None), "{label}");
+            }
+        }
+        // As a root too (a task frame is never one, but a stack cut at the
+        // top could start with one).
+        assert_eq!(parse_label("task Task-1", true).kind, FrameKind::Task);
+    }
+
+    #[test]
+    fn collapsed_with_tasks_and_gc_reads_back_with_their_kinds() {
+        let synthetic = |function: &str, kind| Frame { function: function.into(), file: String::new(), line: None, kind };
+        let mut p = Profile::example();
+        // <module> → task Task-1 → main → task worker 2 → work → <GC>
+        p.frames.push(synthetic("task Task-1", FrameKind::Task));
+        p.frames.push(synthetic("task worker 2", FrameKind::Task));
+        p.frames.push(synthetic("<GC>", FrameKind::Gc));
+        p.stacks = vec![Stack { frames: vec![0, 4, 1, 5, 2, 6], thread: 0, count: 9 }, Stack { frames: vec![0, 4, 1, 5, 2], thread: 0, count: 4 }];
+        let mut buf = Vec::new();
+        Collapsed::default().write(&p, &mut buf).unwrap();
+        let text = String::from_utf8(buf.clone()).unwrap();
+        assert!(text.contains(";task Task-1;main (app.py:5);task worker\u{a0}2;work (lib/ü.py:2);<GC> 9\n"), "{text}");
+        let back = parse(&buf, "x.txt").unwrap().profile;
+        let mut kinds: Vec<(String, FrameKind)> = back.frames.iter().map(|f| (f.function.clone(), f.kind)).collect();
+        kinds.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            kinds,
+            [
+                ("<GC>".to_string(), FrameKind::Gc),
+                ("<module>".to_string(), FrameKind::Python),
+                ("main".to_string(), FrameKind::Python),
+                ("task Task-1".to_string(), FrameKind::Task),
+                ("task worker 2".to_string(), FrameKind::Task),
+                ("work".to_string(), FrameKind::Python),
+            ]
+        );
+        assert_eq!(back.total_samples(), 13);
     }
 
     #[test]

@@ -33,7 +33,11 @@
 //! the same SVG.
 //!
 //! Native frames are drawn in blue and the synthetic `--threads` /
-//! `--subprocesses` roots in grey-green. inferno 0.12 has two per-frame colour
+//! `--subprocesses` roots in grey-green. `--async` task frames are violet,
+//! so each task's coroutines stand out from the task awaiting it, and the
+//! garbage collector's `<GC>` frame is orange: a hue none of the others
+//! reaches (red frames have equal green and blue, yellow ones equal red and
+//! green), so collections are found at a glance. inferno 0.12 has two per-frame colour
 //! mechanisms: `_[k]`/`_[j]`/`_[i]` suffix annotations, which only the `java`,
 //! `js` and `perl` palettes understand (the `python` palette ignores them, and
 //! the suffix would also leak into the collapsed text other tools read), and
@@ -172,6 +176,15 @@ fn root_color(label: &str) -> Color {
     Color { r: 150 + (40.0 * v) as u8, g: 185 + (40.0 * v) as u8, b: 150 + (40.0 * v) as u8 }
 }
 
+/// Violet shades for `--async` task frames.
+fn task_color(label: &str) -> Color {
+    let v = unit_hash(label, 6);
+    Color { r: 175 + (30.0 * v) as u8, g: 135 + (25.0 * v) as u8, b: 225 + (30.0 * v) as u8 }
+}
+
+/// Orange for the garbage collector: one colour, as there is one `<GC>`.
+const GC_COLOR: Color = Color { r: 250, g: 150, b: 40 };
+
 /// Python frames: red for application code, yellow for the standard
 /// library, aqua for installed packages, told by the full path `file`.
 fn python_color(label: &str, file: &str) -> Color {
@@ -194,7 +207,9 @@ pub fn frame_palette(profile: &Profile, view: View) -> PaletteMap {
         let color = match frame.kind {
             FrameKind::Python => python_color(&label, &frame.file),
             FrameKind::Native => native_color(&label),
-            FrameKind::Thread | FrameKind::Process | FrameKind::Task | FrameKind::Gc => root_color(&label),
+            FrameKind::Thread | FrameKind::Process => root_color(&label),
+            FrameKind::Task => task_color(&label),
+            FrameKind::Gc => GC_COLOR,
         };
         colors.entry(label).or_insert(color);
     }
@@ -422,6 +437,38 @@ mod tests {
             }
             let (r, g, b) = fill_of(&svg, "thread MainThread (4242)");
             assert!(g > r && g > b && r == b, "thread root: rgb({r},{g},{b})");
+        }
+    }
+
+    #[test]
+    fn task_frames_are_violet_and_gc_is_orange() {
+        let synthetic = |function: &str, kind| Frame { function: function.into(), file: String::new(), line: None, kind };
+        let mut p = Profile::example();
+        p.frames.push(synthetic("task Task-1", FrameKind::Task));
+        p.frames.push(synthetic("task fetcher", FrameKind::Task));
+        p.frames.push(synthetic("<GC>", FrameKind::Gc));
+        p.frames.push(synthetic("thread MainThread (4242)", FrameKind::Thread));
+        p.frames.push(Frame { function: "memcpy".into(), file: "libc.so.6".into(), line: None, kind: FrameKind::Native });
+        p.stacks.push(Stack { frames: vec![7, 0, 4, 1, 5, 2, 6], thread: 0, count: 40 });
+        p.stacks.push(Stack { frames: vec![7, 0, 4, 1, 5, 2, 8], thread: 0, count: 40 });
+        for deterministic in [false, true] {
+            let svg = render(&p, FlamegraphOptions { deterministic, ..Default::default() });
+            let mut seen = Vec::new();
+            for label in ["task Task-1", "task fetcher"] {
+                let (r, g, b) = fill_of(&svg, label);
+                assert!(b > r && r > g && r >= 175 && g >= 135, "{label}: rgb({r},{g},{b})");
+                seen.push((r, g, b));
+            }
+            let gc = fill_of(&svg, "<GC>");
+            assert_eq!(gc, (250, 150, 40));
+            // Unlike every other kind's colour: application red, stdlib
+            // yellow, native blue, the thread root's grey-green.
+            for label in ["work (lib/ü.py:2)", "memcpy (libc.so.6)", "thread MainThread (4242)"] {
+                let other = fill_of(&svg, label);
+                assert!(!seen.contains(&other) && other != gc, "{label}: {other:?}");
+                let (r, g, b) = other;
+                assert!(!(b > r && r > g && r >= 175), "{label} looks like a task: {other:?}");
+            }
         }
     }
 

@@ -1,6 +1,11 @@
 //! pyprof's own profile format: the `Profile` model as compact JSON under a
 //! versioned envelope. This is what CI keeps and `pyprof diff` reads, so the
 //! schema only grows: readers refuse a newer major `version` with a clear error.
+//!
+//! Version 2 added the frame kinds `task` (an asyncio task) and `gc` (the
+//! cyclic collector running): a version-1 reader would fail on them, so the
+//! version says it. Version-1 files are still read: they are version 2
+//! without those kinds.
 
 use std::io::Write;
 
@@ -10,7 +15,9 @@ use super::Writer;
 use crate::profile::model::Profile;
 
 pub const FORMAT_NAME: &str = "pyprof-profile";
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
+/// The oldest schema this reader still understands.
+pub const OLDEST_VERSION: u32 = 1;
 
 #[derive(Serialize)]
 struct EnvelopeOut<'a> {
@@ -53,6 +60,7 @@ pub fn read(bytes: &[u8]) -> anyhow::Result<Profile> {
         Some(v) if v > SCHEMA_VERSION => {
             anyhow::bail!("profile schema version {v} is newer than this pyprof understands ({SCHEMA_VERSION}); upgrade pyprof")
         }
+        Some(v) if v < OLDEST_VERSION => anyhow::bail!("profile schema version {v} is not one pyprof ever wrote"),
         None => anyhow::bail!("pyprof JSON profile has no schema version"),
         _ => {}
     }
@@ -71,6 +79,7 @@ pub fn read(bytes: &[u8]) -> anyhow::Result<Profile> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::model::{Frame, FrameKind, Stack};
 
     #[test]
     fn round_trips_and_rejects_newer_versions() {
@@ -79,10 +88,57 @@ mod tests {
         Json.write(&p, &mut buf).unwrap();
         assert_eq!(read(&buf).unwrap(), p);
         let text = String::from_utf8(buf).unwrap();
-        assert!(text.starts_with(r#"{"format":"pyprof-profile","version":1,"#));
-        let newer = text.replacen(r#""version":1"#, r#""version":99"#, 1);
+        assert!(text.starts_with(r#"{"format":"pyprof-profile","version":2,"#));
+        let newer = text.replacen(r#""version":2"#, r#""version":99"#, 1);
         assert!(read(newer.as_bytes()).unwrap_err().to_string().contains("newer"));
+        let older = text.replacen(r#""version":2"#, r#""version":0"#, 1);
+        assert!(read(older.as_bytes()).unwrap_err().to_string().contains("version 0"));
         assert!(read(b"{}").is_err());
         assert!(read(b"garbage").is_err());
+    }
+
+    /// A profile with a task chain and a collection on top of it.
+    fn with_tasks_and_gc() -> Profile {
+        let mut p = Profile::example();
+        p.frames.push(Frame::python("fetch", "/app/net.py", 40));
+        p.frames.push(Frame { function: "task fetcher".into(), file: String::new(), line: None, kind: FrameKind::Task });
+        p.frames.push(Frame { function: "task Task-1".into(), file: String::new(), line: None, kind: FrameKind::Task });
+        p.frames.push(Frame { function: "<GC>".into(), file: String::new(), line: None, kind: FrameKind::Gc });
+        p.stacks.push(Stack { frames: vec![0, 6, 1, 5, 4], thread: 0, count: 7 });
+        p.stacks.push(Stack { frames: vec![0, 6, 1, 5, 4, 7], thread: 0, count: 2 });
+        p
+    }
+
+    #[test]
+    fn version_2_carries_task_and_gc_frames() {
+        let p = with_tasks_and_gc();
+        let mut buf = Vec::new();
+        Json.write(&p, &mut buf).unwrap();
+        let text = String::from_utf8(buf.clone()).unwrap();
+        assert!(text.contains(r#"{"function":"task fetcher","file":"","line":null,"kind":"task"}"#), "{text}");
+        assert!(text.contains(r#"{"function":"<GC>","file":"","line":null,"kind":"gc"}"#), "{text}");
+        let back = read(&buf).unwrap();
+        assert_eq!(back, p);
+        let kinds: Vec<FrameKind> = back.frames.iter().map(|f| f.kind).collect();
+        assert_eq!(kinds.iter().filter(|&&k| k == FrameKind::Task).count(), 2);
+        assert_eq!(kinds.iter().filter(|&&k| k == FrameKind::Gc).count(), 1);
+    }
+
+    /// A file as pyprof 0.1 wrote it (schema 1, before `meta.cwd` and
+    /// `meta.sampling`), byte for byte.
+    const VERSION_1: &str = r#"{"format":"pyprof-profile","version":1,"meta":{"pid":7,"command":["python3","app.py"],"python_version":"3.11.4","mode":"wall","rate_hz":100.0,"duration_secs":2.0,"start_time":1700000000.0,"pyprof_version":"0.1.0","samples":3,"late":0,"errors":{},"stop_reason":"duration reached"},"frames":[{"function":"thread MainThread (7)","file":"","line":null,"kind":"thread"},{"function":"main","file":"/app/app.py","line":5,"kind":"python"},{"function":"memcpy","file":"libc.so.6","line":null,"kind":"native"}],"threads":[{"pid":7,"native_id":7,"name":"MainThread"}],"stacks":[{"frames":[0,1,2],"thread":0,"count":3}]}"#;
+
+    #[test]
+    fn version_1_files_are_still_read() {
+        let p = read(VERSION_1.as_bytes()).unwrap();
+        assert_eq!(p.total_samples(), 3);
+        let kinds: Vec<FrameKind> = p.frames.iter().map(|f| f.kind).collect();
+        assert_eq!(kinds, [FrameKind::Thread, FrameKind::Python, FrameKind::Native]);
+        assert_eq!(p.meta.cwd, "");
+        // Written again, it is a version-2 file with the same content.
+        let mut buf = Vec::new();
+        Json.write(&p, &mut buf).unwrap();
+        assert!(buf.starts_with(br#"{"format":"pyprof-profile","version":2,"#));
+        assert_eq!(read(&buf).unwrap(), p);
     }
 }

@@ -1,6 +1,16 @@
 //! pprof's gzipped protobuf `perftools.profiles.Profile`
 //! (github.com/google/pprof, proto/profile.proto). The messages are written
 //! by hand with prost's derive, field tags as in profile.proto.
+//!
+//! pprof has no notion of frame kinds, so the synthetic frames (`--threads`
+//! and `--subprocesses` roots, `--async` tasks, `<GC>`) are functions named
+//! with their label, as every other format shows them, and marked in the
+//! function's `system_name` (`pyprof:task`, `pyprof:gc`, ...), which pprof
+//! keeps but does not display: a program can tell them from code without
+//! parsing names, and, as the name then differs from `system_name`, pprof
+//! leaves the name alone (see below). Each sample that ran in a task also
+//! carries a `task` label with the innermost task's name, so
+//! `go tool pprof -tagfocus task=fetcher` keeps one task's samples.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -11,7 +21,7 @@ use prost::Message;
 
 use super::Writer;
 use super::speedscope::{command_name, exporter_version, thread_name};
-use crate::profile::model::Profile;
+use crate::profile::model::{FrameKind, Profile};
 
 pub struct Pprof;
 
@@ -197,10 +207,10 @@ pub fn build(profile: &Profile) -> proto::Profile {
                 functions.push(proto::Function {
                     id,
                     name,
-                    // Left empty on purpose: when system_name equals name,
-                    // pprof "demangles" it as C++ and strips <...>, turning
-                    // "<module>" into "" (shown as "<unknown>").
-                    system_name: 0,
+                    // Left empty for code on purpose: when system_name
+                    // equals name, pprof "demangles" it as C++ and strips
+                    // <...>, turning "<module>" into "" (shown as "<unknown>").
+                    system_name: synthetic_kind(frame.kind).map_or(0, |k| strings.intern(k)),
                     filename: strings.intern(&frame.file),
                     start_line: 0,
                 });
@@ -217,6 +227,7 @@ pub fn build(profile: &Profile) -> proto::Profile {
         });
     }
 
+    let task_key = strings.intern("task");
     let thread_key = strings.intern("thread");
     let thread_id_key = strings.intern("thread_id");
     let pid_key = strings.intern("pid");
@@ -236,6 +247,12 @@ pub fn build(profile: &Profile) -> proto::Profile {
                 l
             })
             .clone();
+        let mut label = label;
+        // Root first: the last task frame is the one running.
+        if let Some(task) = stack.frames.iter().rev().filter_map(|&f| profile.frames.get(f as usize)).find(|f| f.kind == FrameKind::Task) {
+            let name = task.function.strip_prefix("task ").unwrap_or(&task.function);
+            label.push(proto::Label { key: task_key, str: strings.intern(name), ..Default::default() });
+        }
         samples.push(proto::Sample {
             location_id: stack.frames.iter().rev().map(|&f| u64::from(f) + 1).collect(),
             value: vec![to_i64(stack.count), to_i64(stack.count).saturating_mul(period)],
@@ -268,6 +285,17 @@ pub fn build(profile: &Profile) -> proto::Profile {
         period,
         comment,
         default_sample_type,
+    }
+}
+
+/// The `system_name` that marks a synthetic frame's kind; None for code.
+fn synthetic_kind(kind: FrameKind) -> Option<&'static str> {
+    match kind {
+        FrameKind::Python | FrameKind::Native => None,
+        FrameKind::Thread => Some("pyprof:thread"),
+        FrameKind::Process => Some("pyprof:process"),
+        FrameKind::Task => Some("pyprof:task"),
+        FrameKind::Gc => Some("pyprof:gc"),
     }
 }
 
@@ -379,6 +407,32 @@ mod tests {
         let mut ids: Vec<_> = pp.function.iter().map(|f| f.id).collect();
         ids.dedup();
         assert!(ids.iter().all(|&i| i > 0) && ids.len() == 5);
+    }
+
+    #[test]
+    fn task_and_gc_frames_are_marked_and_tasks_labelled() {
+        use crate::profile::model::{Frame, Stack};
+        let synthetic = |function: &str, kind| Frame { function: function.into(), file: String::new(), line: None, kind };
+        let mut p = Profile::example();
+        p.frames.push(synthetic("task Task-1", FrameKind::Task));
+        p.frames.push(synthetic("task fetcher", FrameKind::Task));
+        p.frames.push(synthetic("<GC>", FrameKind::Gc));
+        // <module> → task Task-1 → main → task fetcher → work → <GC>
+        p.stacks = vec![
+            Stack { frames: vec![0, 4, 1, 5, 2, 6], thread: 0, count: 5 },
+            Stack { frames: vec![0, 4, 1], thread: 0, count: 3 },
+            Stack { frames: vec![0, 1], thread: 0, count: 2 },
+        ];
+        let pp = round_trip(&p);
+        let kinds: BTreeMap<&str, &str> = pp.function.iter().map(|f| (s(&pp, f.name), s(&pp, f.system_name))).collect();
+        assert_eq!(kinds["task Task-1"], "pyprof:task");
+        assert_eq!(kinds["task fetcher"], "pyprof:task");
+        assert_eq!(kinds["<GC>"], "pyprof:gc");
+        assert_eq!((kinds["main"], kinds["<module>"]), ("", ""));
+        assert_eq!(flat(&pp, 0)["<GC>"], 5);
+        let task_of = |sample: &proto::Sample| sample.label.iter().find(|l| s(&pp, l.key) == "task").map(|l| s(&pp, l.str).to_string());
+        let tasks: Vec<(Option<String>, i64)> = pp.sample.iter().map(|x| (task_of(x), x.value[0])).collect();
+        assert_eq!(tasks, [(Some("fetcher".into()), 5), (Some("Task-1".into()), 3), (None, 2)]);
     }
 
     #[test]

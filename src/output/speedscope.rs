@@ -7,6 +7,9 @@
 //! `is_prime (examples/demo.py:12)`, so two lines or two files of one function
 //! are told apart); `file` and `line` keep the full path, which speedscope
 //! shows on hover. Hidden import frames are left out of the samples.
+//! Synthetic frames (thread and process roots, `--async` tasks, `<GC>`) have
+//! their label as name and no file: speedscope has no frame kinds, and a
+//! label like `task fetcher` reads as what it is.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -182,6 +185,21 @@ mod tests {
         let period = 10_000_000u64;
         assert_eq!(t["weights"], json!([100 * period, 20 * period, 30 * period]));
         assert_eq!(t["endValue"], 150 * period);
+    }
+
+    #[test]
+    fn task_and_gc_frames_are_named_by_their_labels() {
+        use crate::profile::model::{Frame, FrameKind};
+        let synthetic = |function: &str, kind| Frame { function: function.into(), file: String::new(), line: None, kind };
+        let mut p = Profile::example();
+        p.frames.push(synthetic("task fetcher", FrameKind::Task));
+        p.frames.push(synthetic("<GC>", FrameKind::Gc));
+        p.stacks = vec![Stack { frames: vec![0, 4, 1, 2, 5], thread: 0, count: 4 }];
+        let v = render(&p);
+        let frames = &v["shared"]["frames"];
+        assert_eq!(frames[4], json!({"name": "task fetcher"}));
+        assert_eq!(frames[5], json!({"name": "<GC>"}));
+        assert_eq!(v["profiles"][0]["samples"], json!([[0, 4, 1, 2, 5]]));
     }
 
     #[test]

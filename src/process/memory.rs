@@ -76,6 +76,9 @@ pub trait RemoteMemory {
 pub struct VmReader {
     pid: i32,
     syscalls: Cell<u64>,
+    /// Bytes copied out of the target so far (what a sample costs besides
+    /// its syscalls).
+    bytes: Cell<u64>,
     /// iovec arrays (local, remote) reused by every batched read, so the
     /// per-sample path allocates nothing. Kept as plain words, laid out as
     /// `libc::iovec` (checked below), so the reader stays `Send`.
@@ -92,7 +95,7 @@ const IOV_MAX: usize = 1024;
 
 impl VmReader {
     pub fn new(pid: i32) -> Self {
-        VmReader { pid, syscalls: Cell::new(0), iovs: RefCell::new((Vec::new(), Vec::new())) }
+        VmReader { pid, syscalls: Cell::new(0), bytes: Cell::new(0), iovs: RefCell::new((Vec::new(), Vec::new())) }
     }
 
     pub fn pid(&self) -> i32 {
@@ -102,6 +105,11 @@ impl VmReader {
     /// Number of process_vm_readv calls made so far (the main cost of a sample).
     pub fn syscalls(&self) -> u64 {
         self.syscalls.get()
+    }
+
+    /// Bytes read from the target so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes.get()
     }
 
     fn classify(&self, addr: u64, len: usize, err: std::io::Error) -> Error {
@@ -157,6 +165,7 @@ impl VmReader {
             if n <= 0 {
                 break;
             }
+            self.bytes.set(self.bytes.get() + n as u64);
             done += n as usize;
             if n as usize != want {
                 break;
@@ -174,6 +183,7 @@ impl VmReader {
         if n < 0 {
             return Err(self.classify(first, total, std::io::Error::last_os_error()));
         }
+        self.bytes.set(self.bytes.get() + n as u64);
         if n as usize != total {
             return Err(Error::Read {
                 pid: self.pid,

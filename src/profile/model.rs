@@ -110,6 +110,15 @@ pub struct Acquisition {
     /// Total and longest time a thread was held stopped, in microseconds.
     pub paused_us_total: f64,
     pub paused_us_max: f64,
+    /// What the reads cost: bytes copied out of the target, thread stacks
+    /// walked and the frames they held (threads left out by `--thread` or
+    /// `--main-thread` are not walked). Absent (0) in older profiles.
+    #[serde(default)]
+    pub bytes_read: u64,
+    #[serde(default)]
+    pub threads_walked: u64,
+    #[serde(default)]
+    pub frames_walked: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

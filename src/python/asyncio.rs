@@ -171,13 +171,13 @@ impl TaskGraph {
     }
 
     /// Rewrite each thread that runs a task as that task's await chain, and
-    /// (with [`AsyncMode::All`]) append a stack for every other pending task.
-    pub fn apply(&mut self, rd: &mut Readers, views: &[ThreadView], threads: &mut Vec<ThreadStack>) {
+    /// (with [`AsyncMode::All`]) put a stack in `idle` for every other pending task.
+    pub fn apply(&mut self, rd: &mut Readers, views: &[ThreadView], threads: &mut [ThreadStack], idle: &mut Vec<ThreadStack>) {
         let Some(ao) = self.offsets.take() else { return };
         let mut pass = Pass { g: self, ao: &ao, objects: ObjectReader::new(rd.mem, rd.offsets), steps: 0, links: HashMap::new() };
         let running = pass.rewrite_threads(rd, views, threads);
         if pass.g.mode == AsyncMode::All {
-            if let Err(_e) = pass.idle_tasks(rd, views, &running, threads) {
+            if let Err(_e) = pass.idle_tasks(rd, views, &running, idle) {
                 pass.g.stats.errors += 1;
             }
         }

@@ -18,6 +18,7 @@ use crate::python::frames::{FrameWalker, WalkContext};
 use crate::python::thread_names::NameCache;
 use crate::python::threads::{ThreadList, ThreadState, find_pthread_tid_offset, gil_holder};
 use crate::stack::{EvalGroup, ThreadStack};
+use crate::thread_filter::{NameKnown, ThreadFilter};
 
 /// CPython's smallest data-stack chunk (`_PY_DATA_STACK_CHUNK_SIZE`).
 const MIN_STACK_CHUNK: u64 = 16 * 1024;
@@ -37,6 +38,30 @@ pub struct SnapshotNeeds {
 
 impl SnapshotNeeds {
     pub const ALL: SnapshotNeeds = SnapshotNeeds { gil: true, on_cpu: true, names: true, stop_running_only: false };
+}
+
+/// What the walks of a session have cost so far.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WalkStats {
+    /// Thread stacks walked (threads a filter leaves out are not).
+    pub threads: u64,
+    /// Frames those walks read.
+    pub frames: u64,
+}
+
+impl WalkStats {
+    pub fn add(&mut self, o: &WalkStats) {
+        self.threads += o.threads;
+        self.frames += o.frames;
+    }
+}
+
+/// One thread state's fate in a snapshot.
+#[derive(Debug, Clone, Copy)]
+struct Pick {
+    native_id: Option<u64>,
+    /// None: undecided until its name is known (walked, judged after).
+    selected: Option<bool>,
 }
 
 /// How a snapshot proves its stacks are those of one instant.
@@ -113,6 +138,16 @@ pub struct Snapshotter {
     /// finds running coroutines by.
     tasks: Option<TaskGraph>,
     frame_addrs: Vec<Vec<u64>>,
+    /// `--async=all`: the stacks of pending tasks no thread runs.
+    idle_tasks: Vec<ThreadStack>,
+    /// The threads to walk (`--thread`, `--main-thread`).
+    filter: ThreadFilter,
+    /// Scratch: per thread state of the walk, its native id and fate.
+    picks: Vec<Pick>,
+    /// Per stack of the last snapshot, the index of its thread state in
+    /// `states` (a filter leaves states out of the stacks).
+    walked: Vec<usize>,
+    walk_stats: WalkStats,
 }
 
 impl Snapshotter {
@@ -134,6 +169,15 @@ impl Snapshotter {
 
     pub fn task_stats(&self) -> Option<TaskStats> {
         self.tasks.as_ref().map(|t| t.stats)
+    }
+
+    /// Walk only the threads `filter` selects; the others are in no snapshot.
+    pub fn select(&mut self, filter: ThreadFilter) {
+        self.filter = filter;
+    }
+
+    pub fn walk_stats(&self) -> WalkStats {
+        self.walk_stats
     }
 
     /// Keep each thread's eval-loop groups of the last snapshot ([`Self::groups`]).
@@ -228,16 +272,25 @@ impl Snapshotter {
         self.prefetch.end();
         if let Ok(threads) = &mut result {
             self.thread_facts(src, threads, needs);
+            self.judge_undecided(src, threads);
+            // Idle tasks (`--async=all`) are no threads: after every thread rule.
+            threads.append(&mut self.idle_tasks);
         }
         result
     }
 
     /// `--async`: still inside the snapshot's instant (the GIL holder is
     /// held), so the suspended tasks read are those of the same moment.
-    fn task_stacks(&mut self, src: Source, threads: &mut Vec<ThreadStack>) {
+    fn task_stacks(&mut self, src: Source, threads: &mut [ThreadStack]) {
         let Some(graph) = self.tasks.as_mut() else { return };
-        let views: Vec<ThreadView> =
-            self.states.iter().zip(&self.frame_addrs).map(|(ts, frames)| ThreadView { tstate: ts.addr, interp: ts.interp, frames }).collect();
+        // `threads[i]` was walked from `self.states[self.walked[i]]`.
+        let views: Vec<ThreadView> = self
+            .walked
+            .iter()
+            .map(|&si| &self.states[si])
+            .zip(&self.frame_addrs)
+            .map(|(ts, frames)| ThreadView { tstate: ts.addr, interp: ts.interp, frames })
+            .collect();
         // Through the sample's view: what the last samples' graphs read is
         // in this sample's first read already, so a steady graph costs no
         // syscall of its own. Code objects of suspended frames are proven by
@@ -248,7 +301,52 @@ impl Snapshotter {
         let gens = Generations { interp: views.first().map_or(0, |v| v.interp), ..Generations::default() };
         let ctx = WalkContext { mem: &view, code: &code, offsets: &src.interp.offsets, gens, hooked: false };
         let mut rd = Readers { mem: &view, offsets: &src.interp.offsets, walker: &mut self.walker, codes: &mut self.codes, ctx: &ctx };
-        graph.apply(&mut rd, &views, threads);
+        self.idle_tasks.clear();
+        graph.apply(&mut rd, &views, threads, &mut self.idle_tasks);
+    }
+
+    /// Leave out the threads walked only because their names were not known
+    /// yet and that the filter, now that they are, does not select.
+    fn judge_undecided(&mut self, src: Source, threads: &mut Vec<ThreadStack>) {
+        // Checked first so that a steady sample, every thread decided,
+        // allocates nothing.
+        if self.filter.is_all() || !self.walked.iter().any(|&si| self.picks.get(si).is_some_and(|p| p.selected.is_none())) {
+            return;
+        }
+        let pid = src.target.map(|t| t.pid);
+        let mut keep = Vec::with_capacity(threads.len());
+        for (t, &si) in threads.iter().zip(&self.walked) {
+            let undecided = self.picks.get(si).is_some_and(|p| p.selected.is_none());
+            keep.push(!undecided || self.filter.decide(pid, t.native_id, NameKnown::Known(t.name.as_deref())) == Some(true));
+        }
+        if keep.iter().all(|&k| k) {
+            return;
+        }
+        let mut i = 0;
+        threads.retain(|_| (keep[i], i += 1).0);
+        let mut i = 0;
+        self.walked.retain(|_| (keep[i], i += 1).0);
+        if self.keep_groups {
+            let mut i = 0;
+            self.groups.truncate(keep.len());
+            self.groups.retain(|_| (keep.get(i).copied().unwrap_or(true), i += 1).0);
+        }
+    }
+
+    /// What the name caches know of the name of thread state `ts` (native
+    /// id `native_id`), as [`Self::thread_facts`] would name it.
+    fn known_name(&self, src: Source, ts: &ThreadState, native_id: Option<u64>) -> NameKnown<'_> {
+        if src.interp.offsets.names.is_some() {
+            match self.py_names.lookup(ts.interp, ts.thread_id) {
+                Some(Some(n)) => return NameKnown::Known(Some(n)),
+                Some(None) => {}
+                None => return NameKnown::Unknown,
+            }
+        }
+        match (native_id, src.target) {
+            (Some(n), Some(_)) => self.names.get(&n).map_or(NameKnown::Unknown, |k| NameKnown::Known(k.as_deref())),
+            _ => NameKnown::Known(None),
+        }
     }
 
     /// Names and run states of a verified snapshot's threads. Done after the
@@ -256,14 +354,16 @@ impl Snapshotter {
     /// take many syscalls, and the longer that window, the more often a
     /// churning target tears the snapshot.
     fn thread_facts(&mut self, src: Source, threads: &mut [ThreadStack], needs: SnapshotNeeds) {
+        // A name filter judges by names: they are read even when not shown.
+        let needs = SnapshotNeeds { names: needs.names || self.filter.needs_names(), ..needs };
         if needs.names {
             // The raw reader, not the per-sample prefetch view: names are read
             // rarely and should not enter the prefetch plan.
             self.py_names.refresh(src.mem, &src.interp.offsets, self.states.iter().map(|t| (t.interp, t.thread_id)));
         }
         let pid = src.target.map(|t| t.pid);
-        // `threads[i]` was walked from `self.states[i]`.
-        for (t, ts) in threads.iter_mut().zip(&self.states) {
+        // `threads[i]` was walked from `self.states[self.walked[i]]`.
+        for (t, ts) in threads.iter_mut().zip(self.walked.iter().map(|&si| &self.states[si])) {
             let py_name = if needs.names { self.py_names.get(ts.interp, ts.thread_id) } else { None };
             let name: Option<&str> = match (needs.names, t.native_id, pid) {
                 _ if py_name.is_some() => py_name,
@@ -297,18 +397,6 @@ impl Snapshotter {
         let code = Sources { held: &code_view, fresh: &code_fresh, gens_at: self.prefetch.tail_time() };
         let mem: &dyn RemoteMemory = &view;
         self.threads.read(mem, o, interp.runtime, &mut self.states, &mut self.ts_buf)?;
-        if let Some(chunk_off) = o.thread.datastack_chunk {
-            // 3.11+: a thread's frames sit in its current data-stack chunk;
-            // reading the chunk's first 16 KiB (CPython's smallest chunk size)
-            // serves a whole walk in one read.
-            for ts in &self.states {
-                if let Ok(chunk) = mem.read_u64(ts.addr + chunk_off) {
-                    if chunk != 0 && (chunk..chunk + MIN_STACK_CHUNK).contains(&ts.frame) {
-                        self.prefetch.load(src.mem, chunk, MIN_STACK_CHUNK as usize);
-                    }
-                }
-            }
-        }
         if let Some(target) = src.target {
             let search_due = self.pthread_tid_searched.is_none_or(|t| t.elapsed() >= PTHREAD_TID_RETRY);
             if o.thread.native_thread_id.is_none() && self.pthread_tid_offset.is_none() && search_due {
@@ -317,13 +405,43 @@ impl Snapshotter {
                 self.pthread_tid_searched = Some(std::time::Instant::now());
             }
         }
+        // Each thread's fate before any of its frames is read: a thread the
+        // filter leaves out costs its thread state only.
+        let mut picks = std::mem::take(&mut self.picks);
+        picks.clear();
+        let pid = src.target.map(|t| t.pid);
+        for ts in &self.states {
+            let native_id = ts.native_id.or_else(|| {
+                let off = self.pthread_tid_offset?;
+                mem.read_u32(ts.thread_id + off).ok().map(|t| t as u64)
+            });
+            let selected = if self.filter.is_all() { Some(true) } else { self.filter.decide(pid, native_id, self.known_name(src, ts, native_id)) };
+            picks.push(Pick { native_id, selected });
+        }
+        self.picks = picks;
+        if let Some(chunk_off) = o.thread.datastack_chunk {
+            // 3.11+: a thread's frames sit in its current data-stack chunk;
+            // reading the chunk's first 16 KiB (CPython's smallest chunk size)
+            // serves a whole walk in one read.
+            for (ts, pick) in self.states.iter().zip(&self.picks) {
+                if pick.selected == Some(false) {
+                    continue;
+                }
+                if let Ok(chunk) = mem.read_u64(ts.addr + chunk_off) {
+                    if chunk != 0 && (chunk..chunk + MIN_STACK_CHUNK).contains(&ts.frame) {
+                        self.prefetch.load(src.mem, chunk, MIN_STACK_CHUNK as usize);
+                    }
+                }
+            }
+        }
         let mut out = std::mem::take(&mut self.spare_out);
         out.clear();
         let mut spare = std::mem::take(&mut self.spare);
         self.holders.clear();
         self.thread_ids.clear();
         self.interps.clear();
-        for (i, ts) in self.states.iter().enumerate() {
+        self.walked.clear();
+        for (si, (ts, pick)) in self.states.iter().zip(&self.picks).enumerate() {
             if !self.interps.contains(&ts.interp) {
                 self.interps.push(ts.interp);
             }
@@ -336,10 +454,14 @@ impl Snapshotter {
                     h
                 }
             };
-            let native_id = ts.native_id.or_else(|| {
-                let off = self.pthread_tid_offset?;
-                mem.read_u32(ts.thread_id + off).ok().map(|t| t as u64)
-            });
+            let native_id = pick.native_id;
+            // Every thread, walked or not: the GIL holder is found among them.
+            self.thread_ids.push((ts.addr, native_id));
+            if pick.selected == Some(false) {
+                continue;
+            }
+            let i = out.len();
+            self.walked.push(si);
             // Not cleared: the walk overwrites the last sample's frames in place.
             let mut slot = spare.get_mut(i).map(std::mem::take).unwrap_or_default();
             self.walker.begin_thread();
@@ -379,8 +501,9 @@ impl Snapshotter {
                 }
                 self.groups[i].clone_from(&self.walker.groups);
             }
+            self.walk_stats.threads += 1;
+            self.walk_stats.frames += slot.frames.len() as u64;
             slot.native_id = native_id;
-            self.thread_ids.push((ts.addr, native_id));
             slot.python_id = ts.thread_id;
             slot.holds_gil = holder == Some(ts.addr);
             out.push(slot);

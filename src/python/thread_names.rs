@@ -108,6 +108,16 @@ impl NameCache {
     pub fn get(&self, interp: u64, ident: u64) -> Option<&str> {
         self.interps.get(&interp)?.names.get(&ident).map(String::as_str)
     }
+
+    /// Like [`Self::get`], but telling a thread the last read did not see
+    /// yet (None) from one it saw without a name (`Some(None)`).
+    pub fn lookup(&self, interp: u64, ident: u64) -> Option<Option<&str>> {
+        let e = self.interps.get(&interp)?;
+        match e.names.get(&ident) {
+            Some(n) => Some(Some(n)),
+            None => e.known.contains(&ident).then_some(None),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -29,6 +29,10 @@ impl Target {
 }
 
 pub fn meta(cfg: &RecordConfig, t: &Target, stats: &SamplerStats, reason: StopReason, start_time: f64, overflowed: u64, native: bool) -> Meta {
+    let mut sampling = acquisition(cfg, &stats.acquire);
+    sampling.bytes_read = stats.cost.bytes_read;
+    sampling.threads_walked = stats.cost.walked.threads;
+    sampling.frames_walked = stats.cost.walked.frames;
     let mut errors = stats.errors.clone();
     for (k, v) in [("skipped_ticks", stats.skipped), ("stack_table_full", overflowed)] {
         if v > 0 {
@@ -58,7 +62,7 @@ pub fn meta(cfg: &RecordConfig, t: &Target, stats: &SamplerStats, reason: StopRe
         late: stats.late,
         errors,
         stop_reason: reason.describe().into(),
-        sampling: acquisition(cfg, &stats.acquire),
+        sampling,
     }
 }
 
@@ -78,6 +82,7 @@ fn acquisition(cfg: &RecordConfig, a: &AcquireStats) -> Acquisition {
         torn: a.torn,
         paused_us_total: a.pause.as_secs_f64() * 1e6,
         paused_us_max: a.pause_max.as_secs_f64() * 1e6,
+        ..Acquisition::default()
     }
 }
 
@@ -125,6 +130,10 @@ pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, nativ
     }
     for w in &stats.native_warnings {
         eprintln!("pyprof: warning: {w}");
+    }
+    // Not an error: the threads may have been meant to start later.
+    if stats.samples == 0 && !cfg.attach.threads.is_all() {
+        eprintln!("pyprof: warning: no samples of the threads {} selects (none matched, or none ran Python)", cfg.attach.threads.describe());
     }
 }
 

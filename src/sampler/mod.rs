@@ -81,6 +81,8 @@ pub struct SamplerStats {
     pub errors: BTreeMap<String, u64>,
     pub elapsed: Duration,
     pub syscalls: u64,
+    /// What reading cost besides syscalls: bytes, thread stacks and frames.
+    pub cost: Cost,
     /// `--native`: merge outcomes and how long the target was held.
     pub native: crate::native::NativeStats,
     /// What the native symbolizers ignored and why (bad perf maps, jitdumps).
@@ -99,6 +101,20 @@ impl SamplerStats {
     pub fn achieved_hz(&self) -> f64 {
         let s = self.elapsed.as_secs_f64();
         if s > 0.0 { self.ticks as f64 / s } else { 0.0 }
+    }
+}
+
+/// What the reads of a recording cost, summed over its sessions.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Cost {
+    pub bytes_read: u64,
+    pub walked: crate::python::snapshot::WalkStats,
+}
+
+impl Cost {
+    fn add(&mut self, s: &Session) {
+        self.bytes_read += s.attached().mem.bytes_read();
+        self.walked.add(&s.walk_stats());
     }
 }
 
@@ -207,6 +223,7 @@ pub fn run(
                 }
                 Err(e) if e.is_process_gone() || !s.attached().target.is_alive() => {
                     stats.syscalls += s.attached().mem.syscalls();
+                    stats.cost.add(s);
                     stats.acquire.add(&s.acquire_stats());
                     if let Some(n) = s.native_stats() {
                         stats.native.add(n);
@@ -245,6 +262,7 @@ pub fn run(
     stats.late = timer.late;
     stats.skipped = timer.skipped;
     stats.syscalls += sessions.iter().map(|s| s.attached().mem.syscalls()).sum::<u64>();
+    sessions.iter().for_each(|s| stats.cost.add(s));
     for s in sessions.iter() {
         stats.acquire.add(&s.acquire_stats());
         if let Some(n) = s.native_stats() {

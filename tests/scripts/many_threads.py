@@ -1,0 +1,39 @@
+"""N named threads ("worker-0" ... "worker-N-1"), each asleep three frames
+deep, and a sleeping main thread: for thread-selection tests. Prints one
+JSON line, {"pid", "threads": [{"name", "native_id"}]}, once every worker
+is in its sleep. Runs on CPython 3.8+ (threading.get_native_id)."""
+import json
+import os
+import sys
+import threading
+import time
+
+started = threading.Semaphore(0)
+
+
+def leaf():
+    started.release()
+    time.sleep(100000)
+
+
+def middle():
+    leaf()
+
+
+def top():
+    middle()
+
+
+def main_wait():
+    time.sleep(100000)
+
+
+workers = [threading.Thread(target=top, name=f"worker-{i}", daemon=True) for i in range(int(sys.argv[1]))]
+for w in workers:
+    w.start()
+for _ in workers:
+    started.acquire()
+me = threading.current_thread()
+threads = [{"name": t.name, "native_id": t.native_id} for t in [me] + workers]
+print(json.dumps({"pid": os.getpid(), "threads": threads}), flush=True)
+main_wait()
