@@ -21,6 +21,8 @@ pub struct AttachOptions {
     pub native: Option<crate::native::NativeOptions>,
     /// Whether a snapshot may hold the GIL holder still (`freeze`).
     pub sampling: crate::freeze::Sampling,
+    /// What snapshots read besides the stacks: `<GC>` frames, exception state.
+    pub extras: crate::python::snapshot::Extras,
 }
 
 pub struct Attached {

@@ -67,6 +67,11 @@ pub struct AttachArgs {
     /// torn (shares of short calls then come out low; docs/architecture.md).
     #[arg(long, conflicts_with = "native")]
     pub nonblocking: bool,
+
+    /// Leave out the <GC> frame that otherwise tops the stack of a thread
+    /// the cyclic garbage collector runs on.
+    #[arg(long)]
+    pub no_gc: bool,
 }
 
 impl AttachArgs {
@@ -77,7 +82,8 @@ impl AttachArgs {
             o
         });
         let sampling = if self.nonblocking { Sampling::Nonblocking } else { Sampling::Exact };
-        AttachOptions { runtime_method: self.runtime_method, native, sampling }
+        let extras = crate::python::snapshot::Extras { gc: !self.no_gc, exception: false };
+        AttachOptions { runtime_method: self.runtime_method, native, sampling, extras }
     }
 }
 
@@ -103,7 +109,8 @@ pub struct RecordArgs {
     #[arg(short, long, value_enum)]
     pub format: Option<FormatArg>,
 
-    /// wall: every thread; cpu: threads on a CPU; gil: the GIL holder.
+    /// wall: every thread; cpu: threads on a CPU; gil: the GIL holder;
+    /// exception: threads raising or handling an exception.
     #[arg(long, value_enum, default_value = "wall")]
     pub mode: ModeArg,
 
@@ -162,6 +169,8 @@ impl RecordArgs {
         };
         let output = self.output.unwrap_or_else(|| default_output(&target, format));
         let view = view_for(format, self.paths, self.import_frames);
+        let mut attach = self.attach.options();
+        attach.extras.exception = self.mode == ModeArg::Exception;
         Ok(RecordConfig {
             target,
             sampling: SamplingConfig { rate_hz: self.rate, duration: self.duration, mode: self.mode.into(), include_empty: self.include_idle_threads },
@@ -171,7 +180,7 @@ impl RecordArgs {
             view,
             subprocesses: self.subprocesses,
             quiet: self.quiet,
-            attach: self.attach.options(),
+            attach,
         })
     }
 }
@@ -410,6 +419,8 @@ pub enum ModeArg {
     Cpu,
     /// Only the thread holding the GIL.
     Gil,
+    /// Only threads raising or handling an exception (raise to end of `except`).
+    Exception,
 }
 
 impl From<ModeArg> for Mode {
@@ -418,6 +429,7 @@ impl From<ModeArg> for Mode {
             ModeArg::Wall => Mode::Wall,
             ModeArg::Cpu => Mode::Cpu,
             ModeArg::Gil => Mode::Gil,
+            ModeArg::Exception => Mode::Exception,
         }
     }
 }

@@ -64,12 +64,17 @@ enum FrameJson<'a> {
         function: &'a str,
         module: &'a str,
     },
+    /// `<GC>`: the cyclic garbage collector runs on this thread.
+    Gc {
+        function: &'a str,
+    },
 }
 
 impl<'a> FrameJson<'a> {
     fn of(f: &'a Frame) -> FrameJson<'a> {
         match f.kind {
             FrameKind::Native => FrameJson::Native { function: &f.function, module: &f.file },
+            FrameKind::Gc => FrameJson::Gc { function: &f.function },
             _ => FrameJson::Python { function: &f.function, file: &f.file, line: f.line },
         }
     }
@@ -156,7 +161,9 @@ pub fn write(session: &mut Session, opts: &DumpConfig, out: &mut dyn Write) -> R
             writeln!(out, "    {}", crate::sampler::TORN)?;
         }
         for f in &t.frames {
-            if f.is_native() {
+            if f.kind == FrameKind::Gc {
+                writeln!(out, "    {}", f.function)?;
+            } else if f.is_native() {
                 writeln!(out, "    {} [{}]", f.function, f.file)?;
             } else {
                 let file = short.get(&*f.file).map_or(&*f.file, String::as_str);

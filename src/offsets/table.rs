@@ -211,4 +211,20 @@ mod tests {
             assert!(offsets_for_tests(minor).names.is_some(), "3.{minor}: thread-name offsets incomplete");
         }
     }
+
+    /// Every supported version can offer `<GC>` frames and `--mode
+    /// exception` (3.13+ with the `_Py_DebugOffsets` words a default build carries).
+    #[test]
+    fn every_embedded_file_has_gc_and_exception_offsets() {
+        use super::super::GcFlag;
+        for minor in supported_minors() {
+            let o = offsets_for_tests(minor);
+            match o.gc {
+                Some(GcFlag::Runtime(_)) => assert_eq!(minor, 8, "only 3.8 keeps its GC state in _PyRuntime"),
+                Some(GcFlag::Interpreter(_)) => assert!(minor >= 9),
+                None => panic!("3.{minor}: no GC flag"),
+            }
+            assert!(o.exception.is_some(), "3.{minor}: no exception offsets");
+        }
+    }
 }

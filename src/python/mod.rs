@@ -1,6 +1,7 @@
 //! Reading CPython's own data structures out of the target.
 
 pub mod code;
+pub mod exception;
 pub mod frames;
 pub mod gil;
 pub mod linetable;

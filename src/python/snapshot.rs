@@ -13,6 +13,7 @@ use crate::process::memory::RemoteMemory;
 use crate::process::prefetch::{PrefetchStats, Prefetcher};
 use crate::process::{Target, task_comm, task_state};
 use crate::python::code::{CodeCache, CodeCacheStats, Generations, Sources};
+use crate::python::exception::ExceptionState;
 use crate::python::frames::{FrameWalker, WalkContext};
 use crate::python::thread_names::NameCache;
 use crate::python::threads::{ThreadList, ThreadState, find_pthread_tid_offset, gil_holder};
@@ -36,6 +37,16 @@ pub struct SnapshotNeeds {
 
 impl SnapshotNeeds {
     pub const ALL: SnapshotNeeds = SnapshotNeeds { gil: true, on_cpu: true, names: true, stop_running_only: false };
+}
+
+/// Facts besides the stacks that a session's snapshots read, chosen once per
+/// session (each costs reads; none is read unless asked for).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Extras {
+    /// Whether the GIL holder runs the cyclic GC ([`ThreadStack::in_gc`]).
+    pub gc: bool,
+    /// Whether each thread raises or handles an exception ([`ThreadStack::in_exception`]).
+    pub exception: bool,
 }
 
 /// How a snapshot proves its stacks are those of one instant.
@@ -91,8 +102,11 @@ pub struct Snapshotter {
     spare: Vec<ThreadStack>,
     /// An emptied vector to collect the next walk's stacks in.
     spare_out: Vec<ThreadStack>,
-    /// GIL holder per interpreter, reused across samples.
-    holders: Vec<(u64, Option<u64>)>,
+    /// Per interpreter: its GIL holder and (with [`Extras::gc`]) the word
+    /// holding its collector's flag, (address, value); reused across samples.
+    holders: Vec<(u64, Option<u64>, Option<(u64, u64)>)>,
+    extras: Extras,
+    exceptions: ExceptionState,
     /// Scratch for reading thread states.
     ts_buf: Vec<u8>,
     prefetch: Prefetcher,
@@ -113,6 +127,11 @@ pub struct Snapshotter {
 impl Snapshotter {
     pub fn new(interp: &Interpreter) -> Snapshotter {
         Snapshotter { codes: CodeCache::new(interp.image.clone()), ..Snapshotter::default() }
+    }
+
+    /// Read `extras` with every stack from now on.
+    pub fn read_extras(&mut self, extras: Extras) {
+        self.extras = extras;
     }
 
     /// Keep each thread's eval-loop groups of the last snapshot ([`Self::groups`]).
@@ -284,13 +303,22 @@ impl Snapshotter {
             if !self.interps.contains(&ts.interp) {
                 self.interps.push(ts.interp);
             }
-            let holder = match self.holders.iter().find(|(interp, _)| *interp == ts.interp) {
-                Some(&(_, h)) => h,
-                None if !needs.gil => None,
+            // The collection runs on the thread that holds the GIL.
+            let gc_flag = o.gc.filter(|_| self.extras.gc);
+            let (holder, gc_word) = match self.holders.iter().find(|h| h.0 == ts.interp) {
+                Some(&(_, h, g)) => (h, g),
+                None if !needs.gil && gc_flag.is_none() => (None, None),
                 None => {
                     let h = gil_holder(mem, o, interp.runtime, ts.interp)?;
-                    self.holders.push((ts.interp, h));
-                    h
+                    let g = match gc_flag {
+                        Some(flag) => {
+                            let at = flag.addr(interp.runtime, ts.interp);
+                            Some((at, mem.read_u64(at)?))
+                        }
+                        None => None,
+                    };
+                    self.holders.push((ts.interp, h, g));
+                    (h, g)
                 }
             };
             let native_id = ts.native_id.or_else(|| {
@@ -324,6 +352,26 @@ impl Snapshotter {
                 }
                 Err(e) => return Err(e),
             }
+            let holds_gil = holder == Some(ts.addr);
+            slot.in_gc = false;
+            if let (true, false, Some((at, word))) = (holds_gil, slot.torn, gc_word) {
+                self.walker.note(at, word);
+                // `collecting` is the int in the word's low half.
+                slot.in_gc = word as u32 != 0;
+            }
+            slot.in_exception = false;
+            if let (Some(exc), false) = (o.exception.filter(|_| self.extras.exception), slot.torn) {
+                let walker = &mut self.walker;
+                match self.exceptions.handling(mem, o, &exc, ts.addr, &interp.image, &mut |at, v| walker.note(at, v)) {
+                    Ok(h) => slot.in_exception = h,
+                    Err(e) if e.is_transient() => {
+                        slot.torn = true;
+                        slot.in_gc = false;
+                        slot.frames.clear();
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
             if self.keep_groups {
                 if self.groups.len() <= i {
                     self.groups.resize_with(i + 1, Vec::new);
@@ -333,7 +381,7 @@ impl Snapshotter {
             slot.native_id = native_id;
             self.thread_ids.push((ts.addr, native_id));
             slot.python_id = ts.thread_id;
-            slot.holds_gil = holder == Some(ts.addr);
+            slot.holds_gil = holds_gil;
             out.push(slot);
         }
         spare.clear();
