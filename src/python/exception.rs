@@ -79,3 +79,85 @@ impl ExceptionState {
         Ok(none)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::offsets::table::{offsets_for_tests, supported_minors};
+
+    /// A flat fake address space from `BASE`.
+    struct Flat(Vec<u8>);
+    const BASE: u64 = 0x1000;
+
+    impl Flat {
+        fn put(&mut self, at: u64, v: u64) {
+            let i = (at - BASE) as usize;
+            self.0[i..i + 8].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    impl RemoteMemory for Flat {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+            let i = addr.checked_sub(BASE).map(|i| i as usize).filter(|&i| i + buf.len() <= self.0.len());
+            let Some(i) = i else {
+                return Err(Error::Read { pid: 1, addr, len: buf.len(), source: std::io::ErrorKind::NotFound.into() });
+            };
+            buf.copy_from_slice(&self.0[i..i + buf.len()]);
+            Ok(())
+        }
+    }
+
+    const TS: u64 = 0x1000;
+    const ITEMS: [u64; 3] = [0x2000, 0x2100, 0x2200];
+    const NONE: u64 = 0x3000;
+    const NONE_TYPE: u64 = 0x3100;
+    const ERROR: u64 = 0x3400;
+    const ERROR_TYPE: u64 = 0x3500;
+
+    /// A thread state whose exc_info chain is ITEMS holding `values`, and
+    /// None and an exception object with their types.
+    fn thread(o: &Offsets, e: &ExceptionOffsets, values: [u64; 3]) -> Flat {
+        let mut m = Flat(vec![0; 0x4000]);
+        m.put(TS + e.exc_info, ITEMS[0]);
+        for (i, (&item, &value)) in ITEMS.iter().zip(&values).enumerate() {
+            m.put(item + e.item_value, value);
+            m.put(item + e.item_previous, ITEMS.get(i + 1).copied().unwrap_or(0));
+        }
+        for (obj, tp, name) in [(NONE, NONE_TYPE, &b"NoneType\0"[..]), (ERROR, ERROR_TYPE, &b"KeyError\0"[..])] {
+            m.put(obj + o.object.ob_type, tp);
+            m.put(tp + o.object.tp_name, tp + 0x80);
+            let at = (tp + 0x80 - BASE) as usize;
+            m.0[at..at + name.len()].copy_from_slice(name);
+        }
+        m
+    }
+
+    #[test]
+    fn an_exception_under_empty_and_none_items_is_found_and_none_is_not_one() {
+        for minor in supported_minors() {
+            let o = offsets_for_tests(minor);
+            let e = o.exception.unwrap();
+            let image = [(NONE, NONE + 16)];
+            let mut state = ExceptionState::default();
+            let mut notes = Vec::new();
+            let mut ask = |m: &Flat, state: &mut ExceptionState| state.handling(m, &o, &e, TS, &image, &mut |a, v| notes.push((a, v)));
+            assert!(ask(&thread(&o, &e, [0, NONE, ERROR]), &mut state).unwrap(), "3.{minor}");
+            assert!(!ask(&thread(&o, &e, [0, NONE, 0]), &mut state).unwrap(), "3.{minor}");
+            assert_eq!(state.none, Some(NONE), "3.{minor}: None, in the image, is remembered");
+            let mut raising = thread(&o, &e, [0, 0, 0]);
+            raising.put(TS + e.current, ERROR);
+            assert!(ask(&raising, &mut state).unwrap(), "3.{minor}: an exception in flight");
+            assert!(notes.contains(&(ITEMS[2] + e.item_value, ERROR)), "3.{minor}: the words read are noted");
+        }
+    }
+
+    #[test]
+    fn a_chain_that_does_not_end_is_corrupt() {
+        let o = offsets_for_tests(12);
+        let e = o.exception.unwrap();
+        let mut m = thread(&o, &e, [0, 0, 0]);
+        m.put(ITEMS[2] + e.item_previous, ITEMS[0]);
+        let got = ExceptionState::default().handling(&m, &o, &e, TS, &[], &mut |_, _| {});
+        assert!(matches!(got, Err(Error::Corrupt(_))), "{got:?}");
+    }
+}

@@ -78,6 +78,10 @@ pub struct Source<'a> {
     pub target: Option<&'a Target>,
 }
 
+/// An interpreter, its GIL holder and (with [`Extras::gc`]) the word holding
+/// its collector's flag, (address, value).
+type Holder = (u64, Option<u64>, Option<(u64, u64)>);
+
 /// The Python side of a session: the caches that make repeated snapshots
 /// cheap, and the scratch they are built in.
 #[derive(Default)]
@@ -102,9 +106,8 @@ pub struct Snapshotter {
     spare: Vec<ThreadStack>,
     /// An emptied vector to collect the next walk's stacks in.
     spare_out: Vec<ThreadStack>,
-    /// Per interpreter: its GIL holder and (with [`Extras::gc`]) the word
-    /// holding its collector's flag, (address, value); reused across samples.
-    holders: Vec<(u64, Option<u64>, Option<(u64, u64)>)>,
+    /// GIL holder per interpreter, reused across samples.
+    holders: Vec<Holder>,
     extras: Extras,
     exceptions: ExceptionState,
     /// Scratch for reading thread states.

@@ -109,7 +109,7 @@ pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, nativ
         None => String::new(),
     };
     eprintln!(
-        "pyprof: {} samples{gc} over {} ticks in {:.2} s ({:.1} Hz achieved of {} requested, {} late{}, {:.2} reads/tick); errors: {}; stopped: {}; wrote {} ({})",
+        "pyprof: {} samples over {} ticks in {:.2} s ({:.1} Hz achieved of {} requested, {} late{}, {:.2} reads/tick){gc}; errors: {}; stopped: {}; wrote {} ({})",
         stats.samples,
         stats.ticks,
         stats.elapsed.as_secs_f64(),
