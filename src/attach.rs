@@ -25,6 +25,8 @@ pub struct AttachOptions {
     pub asyncio: Option<crate::python::asyncio::AsyncMode>,
     /// `--thread`, `--main-thread`: the threads to sample.
     pub threads: crate::thread_filter::ThreadFilter,
+    /// What snapshots read besides the stacks: `<GC>` frames, exception state.
+    pub extras: crate::python::snapshot::Extras,
 }
 
 pub struct Attached {

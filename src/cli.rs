@@ -85,6 +85,11 @@ pub struct AttachArgs {
     /// Sample only the main thread (whose native id is the pid), besides any --thread.
     #[arg(long)]
     pub main_thread: bool,
+
+    /// Leave out the <GC> frame that otherwise tops the stack of a thread
+    /// the cyclic garbage collector runs on.
+    #[arg(long)]
+    pub no_gc: bool,
 }
 
 /// `--async`, as clap sees it.
@@ -109,7 +114,8 @@ impl AttachArgs {
             AsyncArg::All => AsyncMode::All,
         });
         let threads = crate::thread_filter::ThreadFilter::new(&self.thread, self.main_thread);
-        AttachOptions { runtime_method: self.runtime_method, native, sampling, asyncio, threads }
+        let extras = crate::python::snapshot::Extras { gc: !self.no_gc, exception: false };
+        AttachOptions { runtime_method: self.runtime_method, native, sampling, asyncio, threads, extras }
     }
 }
 
@@ -135,7 +141,8 @@ pub struct RecordArgs {
     #[arg(short, long, value_enum)]
     pub format: Option<FormatArg>,
 
-    /// wall: every thread; cpu: threads on a CPU; gil: the GIL holder.
+    /// wall: every thread; cpu: threads on a CPU; gil: the GIL holder;
+    /// exception: threads raising or handling an exception.
     #[arg(long, value_enum, default_value = "wall")]
     pub mode: ModeArg,
 
@@ -194,6 +201,8 @@ impl RecordArgs {
         };
         let output = self.output.unwrap_or_else(|| default_output(&target, format));
         let view = view_for(format, self.paths, self.import_frames);
+        let mut attach = self.attach.options();
+        attach.extras.exception = self.mode == ModeArg::Exception;
         Ok(RecordConfig {
             target,
             sampling: SamplingConfig { rate_hz: self.rate, duration: self.duration, mode: self.mode.into(), include_empty: self.include_idle_threads },
@@ -203,7 +212,7 @@ impl RecordArgs {
             view,
             subprocesses: self.subprocesses,
             quiet: self.quiet,
-            attach: self.attach.options(),
+            attach,
         })
     }
 }
@@ -447,6 +456,8 @@ pub enum ModeArg {
     Cpu,
     /// Only the thread holding the GIL.
     Gil,
+    /// Only threads raising or handling an exception (raise to end of `except`).
+    Exception,
 }
 
 impl From<ModeArg> for Mode {
@@ -455,6 +466,7 @@ impl From<ModeArg> for Mode {
             ModeArg::Wall => Mode::Wall,
             ModeArg::Cpu => Mode::Cpu,
             ModeArg::Gil => Mode::Gil,
+            ModeArg::Exception => Mode::Exception,
         }
     }
 }

@@ -42,6 +42,10 @@ pub enum Error {
     #[error("stack changed while read: {0}")]
     Torn(String),
 
+    /// The user asked for something this version's offsets do not locate.
+    #[error("{feature} is not available for Python {version} in pid {pid}: its offsets do not say where the interpreter keeps it")]
+    Unavailable { pid: i32, version: String, feature: &'static str },
+
     #[error("bad offsets for Python {version}: {why}")]
     BadOffsets { version: String, why: String },
 

@@ -11,13 +11,15 @@ use crate::python::asyncio::TaskStats;
 use crate::python::code::CodeCacheStats;
 pub use crate::python::snapshot::SnapshotNeeds;
 use crate::python::snapshot::{Snapshotter, WalkStats};
-use crate::stack::ThreadStack;
+use crate::stack::{Frame, FrameKind, ThreadStack};
 
 pub struct Session {
     attached: Attached,
     python: Snapshotter,
     native: Option<NativeLayer>,
     freezer: Freezer,
+    /// `<GC>`, put on top of the stack of the thread the collector runs on.
+    gc_frame: Option<Frame>,
 }
 
 impl Session {
@@ -28,6 +30,14 @@ impl Session {
             python.enable_async(mode);
         }
         python.select(opts.threads.clone());
+        let offsets = &attached.interp.offsets;
+        if opts.extras.exception && offsets.exception.is_none() {
+            return Err(crate::error::Error::Unavailable { pid, version: offsets.version.to_string(), feature: "--mode exception" });
+        }
+        // Asked for by default, so a version without the flag just has no
+        // `<GC>` frames (meta.gc_samples says so) rather than failing.
+        let gc_frame = (opts.extras.gc && offsets.gc.is_some()).then(|| Frame::marker("<GC>", FrameKind::Gc));
+        python.read_extras(opts.extras);
         let native = match &opts.native {
             Some(o) => {
                 python.keep_groups();
@@ -40,7 +50,7 @@ impl Session {
             // (ptrace forbidden, or a debugger already holds them).
             probe_stopping(pid)?;
         }
-        Ok(Session { attached, python, native, freezer: Freezer::new(opts.sampling) })
+        Ok(Session { attached, python, native, freezer: Freezer::new(opts.sampling), gc_frame })
     }
 
     /// How the snapshots so far were obtained, and how long the target was held.
@@ -94,8 +104,15 @@ impl Session {
         self.python.task_stats()
     }
 
+    /// Whether this session's stacks get `<GC>` frames (asked for, and the
+    /// version says where the collector's flag is).
+    pub fn gc_frames(&self) -> bool {
+        self.gc_frame.is_some()
+    }
+
     /// Every thread's stack, innermost frame first (with C frames under
-    /// `--native`, as task await chains under `--async`).
+    /// `--native`, as task await chains under `--async`, and `<GC>` on top
+    /// while the collector runs on it).
     pub fn snapshot(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
         let a = &self.attached;
         if let Some(tasks) = self.python.tasks_mut() {
@@ -105,10 +122,18 @@ impl Session {
                 tasks.set_offsets(crate::offsets::asyncio::locate(a).ok().flatten());
             }
         }
-        match &mut self.native {
+        let mut threads = match &mut self.native {
             Some(native) => native.snapshot(a, &mut self.python, needs),
             None => self.freezer.snapshot(a, &mut self.python, needs),
+        }?;
+        // Added last: the native merge pairs Python frames with C frames by
+        // position, and the collector is no Python frame.
+        if let Some(gc) = &self.gc_frame {
+            for t in threads.iter_mut().filter(|t| t.in_gc) {
+                t.frames.insert(0, gc.clone());
+            }
         }
+        Ok(threads)
     }
 
     /// Hand a snapshot's stacks back once they have been used, so the next

@@ -69,6 +69,12 @@ pub struct ThreadStack {
     /// The stack moved while it was read and could not be told (only a
     /// snapshot read while the target runs, `--nonblocking`): no frames.
     pub torn: bool,
+    /// The cyclic GC was running on this thread (it held the GIL with the
+    /// collector's flag set); read only when the session asked for it.
+    pub in_gc: bool,
+    /// The thread was raising or handling an exception; read only when the
+    /// session asked for it (`--mode exception`).
+    pub in_exception: bool,
     pub frames: Vec<Frame>,
 }
 

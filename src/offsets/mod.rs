@@ -325,6 +325,44 @@ pub struct Constants {
     pub executable_tag_mask: u64,
 }
 
+/// `<GC>` frames: where the cyclic collector's `collecting` flag (an int,
+/// set for a whole collection) lives. None when the version's file or the
+/// target does not say, or says something implausible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GcFlag {
+    /// 3.8: one GC state, this many bytes into `_PyRuntime`.
+    Runtime(u64),
+    /// 3.9+: one per interpreter, this many bytes into `PyInterpreterState`.
+    Interpreter(u64),
+}
+
+impl GcFlag {
+    /// The flag's address in interpreter `interp` of the runtime at `runtime`.
+    pub fn addr(self, runtime: u64, interp: u64) -> u64 {
+        match self {
+            GcFlag::Runtime(off) => runtime + off,
+            GcFlag::Interpreter(off) => interp + off,
+        }
+    }
+}
+
+/// `--mode exception`: where a thread state keeps the exception being raised
+/// and the ones being handled. None when any is missing or implausible.
+#[derive(Debug, Clone, Copy)]
+pub struct ExceptionOffsets {
+    /// `curexc_type` (≤ 3.11) / `current_exception`: non-null from a raise
+    /// until a handler takes the exception.
+    pub current: u64,
+    /// `exc_info`: the top `_PyErr_StackItem` (a running generator's own, or
+    /// the thread's), chained by `previous_item`.
+    pub exc_info: u64,
+    pub item_size: u64,
+    /// `exc_value`: the exception an `except` (or `finally`) block of that
+    /// item handles; null or None when none.
+    pub item_value: u64,
+    pub item_previous: u64,
+}
+
 #[derive(Debug, Clone)]
 pub struct Offsets {
     pub version: PythonVersion,
@@ -341,6 +379,10 @@ pub struct Offsets {
     pub names: Option<NameOffsets>,
     /// Where the numbers came from, for `--verbose` and bug reports.
     pub provenance: String,
+    /// `<GC>` frames; None: the version cannot offer them.
+    pub gc: Option<GcFlag>,
+    /// `--mode exception`; None: the version cannot offer it.
+    pub exception: Option<ExceptionOffsets>,
 }
 
 /// Flat "section.field" → value map: what both sources produce.
@@ -394,6 +436,10 @@ impl Offsets {
             },
         };
         let names = layout.instance_dict.and_then(|kind| name_offsets(&f, kind));
+        // Optional like names: missing or implausible offsets switch the
+        // feature off instead of refusing to attach.
+        let gc = gc_flag(&f, f.get("interpreter_state.size")?);
+        let exception = exception_offsets(&f, f.get("thread_state.size")?);
         let offsets = Offsets {
             layout,
             rules,
@@ -453,11 +499,13 @@ impl Offsets {
             names: None,
             version,
             provenance,
+            gc: None,
+            exception: None,
         };
         offsets.validate()?;
         // Names are optional: missing or implausible offsets switch them off
         // instead of refusing to attach.
-        Ok(Offsets { names: names.filter(|n| n.validate(&offsets.object).is_ok()), ..offsets })
+        Ok(Offsets { names: names.filter(|n| n.validate(&offsets.object).is_ok()), gc, exception, ..offsets })
     }
 
     /// Once per attach: every field with its width lies inside the struct it
@@ -564,6 +612,34 @@ fn check_struct(max: u64, what: &str, size: u64, fields: &[(&str, u64, u64)]) ->
         }
     }
     Ok(())
+}
+
+/// Where `collecting` is, if the fields place it inside the GC state, inside
+/// the struct holding it.
+fn gc_flag(f: &Fields, interp_size: u64) -> Option<GcFlag> {
+    let (size, collecting) = (f.opt("gc.size")?, f.opt("gc.collecting")?);
+    // Read as the 8-byte word holding it (a pointer follows it in every version).
+    check_struct(1 << 16, "gc", size, &[("collecting", collecting, 8)]).ok()?;
+    let (holder, at, wrap): (u64, u64, fn(u64) -> GcFlag) = match (f.opt("runtime_state.gc"), f.opt("interpreter_state.gc")) {
+        (Some(at), _) => (f.opt("runtime_state.size")?, at, GcFlag::Runtime),
+        (None, Some(at)) => (interp_size, at, GcFlag::Interpreter),
+        (None, None) => return None,
+    };
+    check_struct(1 << 24, "gc holder", holder, &[("gc", at, size)]).ok()?;
+    Some(wrap(at + collecting))
+}
+
+fn exception_offsets(f: &Fields, thread_size: u64) -> Option<ExceptionOffsets> {
+    let e = ExceptionOffsets {
+        current: f.opt("thread_state.current_exception")?,
+        exc_info: f.opt("thread_state.exc_info")?,
+        item_size: f.opt("err_stackitem.size")?,
+        item_value: f.opt("err_stackitem.exc_value")?,
+        item_previous: f.opt("err_stackitem.previous_item")?,
+    };
+    check_struct(1 << 20, "thread_state", thread_size, &[("current_exception", e.current, 8), ("exc_info", e.exc_info, 8)]).ok()?;
+    check_struct(1 << 10, "err_stackitem", e.item_size, &[("exc_value", e.item_value, 8), ("previous_item", e.item_previous, 8)]).ok()?;
+    Some(e)
 }
 
 /// `[constants]` entries reach the field map as `constants.NAME` (non-negative only).

@@ -211,4 +211,39 @@ mod tests {
             assert!(offsets_for_tests(minor).names.is_some(), "3.{minor}: thread-name offsets incomplete");
         }
     }
+
+    /// Every supported version can offer `<GC>` frames and `--mode
+    /// exception` (3.13+ with the `_Py_DebugOffsets` words a default build carries).
+    #[test]
+    fn every_embedded_file_has_gc_and_exception_offsets() {
+        use super::super::GcFlag;
+        for minor in supported_minors() {
+            let o = offsets_for_tests(minor);
+            match o.gc {
+                Some(GcFlag::Runtime(_)) => assert_eq!(minor, 8, "only 3.8 keeps its GC state in _PyRuntime"),
+                Some(GcFlag::Interpreter(_)) => assert!(minor >= 9),
+                None => panic!("3.{minor}: no GC flag"),
+            }
+            assert!(o.exception.is_some(), "3.{minor}: no exception offsets");
+        }
+    }
+
+    /// A file (or target) without the fields, or with implausible ones,
+    /// still attaches: the features are off, not guessed.
+    #[test]
+    fn missing_or_implausible_gc_and_exception_offsets_switch_them_off() {
+        let file = for_minor(12).unwrap().unwrap();
+        let v = crate::binary::version::PythonVersion { major: 3, minor: 12, patch: 0, release: String::new() };
+        let build = |fields: &FieldMap| {
+            super::super::Offsets::build(v.clone(), file.layout, file.rules.clone(), fields, file.constants.clone(), String::new()).unwrap()
+        };
+        let mut fields = file.fields.clone();
+        fields.remove("thread_state.exc_info");
+        fields.insert("gc.collecting".into(), 1 << 20);
+        let o = build(&fields);
+        assert!(o.gc.is_none() && o.exception.is_none());
+        fields.insert("gc.collecting".into(), file.fields["gc.collecting"]);
+        fields.insert("interpreter_state.gc".into(), file.fields["interpreter_state.size"]);
+        assert!(build(&fields).gc.is_none(), "a GC state past the end of the interpreter");
+    }
 }

@@ -66,7 +66,7 @@ pub struct Meta {
     #[serde(default)]
     pub cwd: String,
     pub python_version: String,
-    /// What the sampler counted: "wall", "cpu" or "gil".
+    /// What the sampler counted: "wall", "cpu", "gil" or "exception".
     pub mode: String,
     pub rate_hz: f64,
     pub duration_secs: f64,
@@ -83,6 +83,11 @@ pub struct Meta {
     /// How the samples were taken (absent from profiles of pyprof 0.1 before it).
     #[serde(default)]
     pub sampling: Acquisition,
+    /// Samples with a `<GC>` frame (the collector ran on that thread);
+    /// absent when none were recorded (`--no-gc`, or a version that does
+    /// not say where the collector's flag is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gc_samples: Option<u64>,
 }
 
 /// How each snapshot was obtained (one snapshot per tick and process) and
@@ -158,6 +163,7 @@ impl Profile {
                 errors: Default::default(),
                 stop_reason: "duration".into(),
                 sampling: Acquisition::default(),
+                gc_samples: None,
             },
             frames: vec![f("<module>", "app.py", 10), f("main", "app.py", 5), f("work", "lib/ü.py", 2), f("Other.sleep <&>", "app.py", 7)],
             threads: vec![ThreadInfo { pid: 4242, native_id: Some(4242), name: Some("MainThread".into()) }],

@@ -2,6 +2,7 @@
 
 pub mod asyncio;
 pub mod code;
+pub mod exception;
 pub mod frames;
 pub mod gil;
 pub mod linetable;

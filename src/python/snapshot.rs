@@ -14,6 +14,7 @@ use crate::process::prefetch::{PrefetchStats, Prefetcher};
 use crate::process::{Target, task_comm, task_state};
 use crate::python::asyncio::{AsyncMode, Readers, TaskGraph, TaskStats, ThreadView};
 use crate::python::code::{CodeCache, CodeCacheStats, Generations, Sources};
+use crate::python::exception::ExceptionState;
 use crate::python::frames::{FrameWalker, WalkContext};
 use crate::python::thread_names::NameCache;
 use crate::python::threads::{ThreadList, ThreadState, find_pthread_tid_offset, gil_holder};
@@ -64,6 +65,16 @@ struct Pick {
     selected: Option<bool>,
 }
 
+/// Facts besides the stacks that a session's snapshots read, chosen once per
+/// session (each costs reads; none is read unless asked for).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Extras {
+    /// Whether the GIL holder runs the cyclic GC ([`ThreadStack::in_gc`]).
+    pub gc: bool,
+    /// Whether each thread raises or handles an exception ([`ThreadStack::in_exception`]).
+    pub exception: bool,
+}
+
 /// How a snapshot proves its stacks are those of one instant.
 #[derive(Debug, Clone, Copy)]
 pub struct Check<'a> {
@@ -93,6 +104,10 @@ pub struct Source<'a> {
     pub target: Option<&'a Target>,
 }
 
+/// An interpreter, its GIL holder and (with [`Extras::gc`]) the word holding
+/// its collector's flag, (address, value).
+type Holder = (u64, Option<u64>, Option<(u64, u64)>);
+
 /// The Python side of a session: the caches that make repeated snapshots
 /// cheap, and the scratch they are built in.
 #[derive(Default)]
@@ -118,7 +133,9 @@ pub struct Snapshotter {
     /// An emptied vector to collect the next walk's stacks in.
     spare_out: Vec<ThreadStack>,
     /// GIL holder per interpreter, reused across samples.
-    holders: Vec<(u64, Option<u64>)>,
+    holders: Vec<Holder>,
+    extras: Extras,
+    exceptions: ExceptionState,
     /// Scratch for reading thread states.
     ts_buf: Vec<u8>,
     prefetch: Prefetcher,
@@ -178,6 +195,11 @@ impl Snapshotter {
 
     pub fn walk_stats(&self) -> WalkStats {
         self.walk_stats
+    }
+
+    /// Read `extras` with every stack from now on.
+    pub fn read_extras(&mut self, extras: Extras) {
+        self.extras = extras;
     }
 
     /// Keep each thread's eval-loop groups of the last snapshot ([`Self::groups`]).
@@ -445,13 +467,22 @@ impl Snapshotter {
             if !self.interps.contains(&ts.interp) {
                 self.interps.push(ts.interp);
             }
-            let holder = match self.holders.iter().find(|(interp, _)| *interp == ts.interp) {
-                Some(&(_, h)) => h,
-                None if !needs.gil => None,
+            // The collection runs on the thread that holds the GIL.
+            let gc_flag = o.gc.filter(|_| self.extras.gc);
+            let (holder, gc_word) = match self.holders.iter().find(|h| h.0 == ts.interp) {
+                Some(&(_, h, g)) => (h, g),
+                None if !needs.gil && gc_flag.is_none() => (None, None),
                 None => {
                     let h = gil_holder(mem, o, interp.runtime, ts.interp)?;
-                    self.holders.push((ts.interp, h));
-                    h
+                    let g = match gc_flag {
+                        Some(flag) => {
+                            let at = flag.addr(interp.runtime, ts.interp);
+                            Some((at, mem.read_u64(at)?))
+                        }
+                        None => None,
+                    };
+                    self.holders.push((ts.interp, h, g));
+                    (h, g)
                 }
             };
             let native_id = pick.native_id;
@@ -495,6 +526,26 @@ impl Snapshotter {
                 }
                 self.frame_addrs[i].clone_from(&self.walker.addresses);
             }
+            let holds_gil = holder == Some(ts.addr);
+            slot.in_gc = false;
+            if let (true, false, Some((at, word))) = (holds_gil, slot.torn, gc_word) {
+                self.walker.note(at, word);
+                // `collecting` is the int in the word's low half.
+                slot.in_gc = word as u32 != 0;
+            }
+            slot.in_exception = false;
+            if let (Some(exc), false) = (o.exception.filter(|_| self.extras.exception), slot.torn) {
+                let walker = &mut self.walker;
+                match self.exceptions.handling(mem, o, &exc, ts.addr, &interp.image, &mut |at, v| walker.note(at, v)) {
+                    Ok(h) => slot.in_exception = h,
+                    Err(e) if e.is_transient() => {
+                        slot.torn = true;
+                        slot.in_gc = false;
+                        slot.frames.clear();
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
             if self.keep_groups {
                 if self.groups.len() <= i {
                     self.groups.resize_with(i + 1, Vec::new);
@@ -505,7 +556,7 @@ impl Snapshotter {
             self.walk_stats.frames += slot.frames.len() as u64;
             slot.native_id = native_id;
             slot.python_id = ts.thread_id;
-            slot.holds_gil = holder == Some(ts.addr);
+            slot.holds_gil = holds_gil;
             out.push(slot);
         }
         spare.clear();

@@ -22,7 +22,13 @@ pub fn launch(argv: &[String], opts: &AttachOptions) -> anyhow::Result<(Child, S
     loop {
         match Session::attach(pid, opts) {
             Ok(s) => return Ok((child, s)),
-            Err(e @ (Error::UnsupportedVersion { .. } | Error::PermissionDenied { .. } | Error::CannotStop { .. } | Error::BadOffsets { .. })) => {
+            Err(
+                e @ (Error::UnsupportedVersion { .. }
+                | Error::PermissionDenied { .. }
+                | Error::CannotStop { .. }
+                | Error::BadOffsets { .. }
+                | Error::Unavailable { .. }),
+            ) => {
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(e.into());

@@ -63,6 +63,7 @@ pub fn meta(cfg: &RecordConfig, t: &Target, stats: &SamplerStats, reason: StopRe
         errors,
         stop_reason: reason.describe().into(),
         sampling,
+        gc_samples: stats.gc_samples,
     }
 }
 
@@ -108,8 +109,12 @@ fn describe(a: &AcquireStats, elapsed: std::time::Duration) -> String {
 /// The summary line (and the native one, and warnings) on stderr.
 pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, native: bool) {
     let errs: Vec<String> = stats.errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let gc = match stats.gc_samples {
+        Some(n) => format!("; <GC> in {:.1} % of samples", 100.0 * n as f64 / stats.samples.max(1) as f64),
+        None => String::new(),
+    };
     eprintln!(
-        "pyprof: {} samples over {} ticks in {:.2} s ({:.1} Hz achieved of {} requested, {} late{}, {:.2} reads/tick); errors: {}; stopped: {}; wrote {} ({})",
+        "pyprof: {} samples over {} ticks in {:.2} s ({:.1} Hz achieved of {} requested, {} late{}, {:.2} reads/tick){gc}; errors: {}; stopped: {}; wrote {} ({})",
         stats.samples,
         stats.ticks,
         stats.elapsed.as_secs_f64(),

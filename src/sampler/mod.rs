@@ -23,6 +23,9 @@ pub enum Mode {
     Cpu,
     /// Only the thread holding the GIL.
     Gil,
+    /// Only threads raising or handling an exception: from the raise to
+    /// the end of the `except` (or `finally`) block that handles it.
+    Exception,
 }
 
 impl Mode {
@@ -31,6 +34,7 @@ impl Mode {
             Mode::Wall => "wall",
             Mode::Cpu => "cpu",
             Mode::Gil => "gil",
+            Mode::Exception => "exception",
         }
     }
 }
@@ -87,6 +91,8 @@ pub struct SamplerStats {
     pub native: crate::native::NativeStats,
     /// What the native symbolizers ignored and why (bad perf maps, jitdumps).
     pub native_warnings: Vec<String>,
+    /// Samples counted with a `<GC>` frame; None when no session adds them.
+    pub gc_samples: Option<u64>,
 }
 
 impl SamplerStats {
@@ -166,6 +172,13 @@ pub trait Discover {
     fn poll(&mut self, sessions: &mut Vec<Session>);
 }
 
+/// A GC share of 0 is a finding only where `<GC>` frames are added at all.
+fn note_gc_frames(sessions: &[Session], stats: &mut SamplerStats) {
+    if sessions.iter().any(Session::gc_frames) {
+        stats.gc_samples.get_or_insert(0);
+    }
+}
+
 pub fn run(
     sessions: &mut Vec<Session>,
     cfg: &SamplingConfig,
@@ -175,6 +188,7 @@ pub fn run(
 ) -> (SamplerStats, StopReason) {
     let needs = SnapshotNeeds { gil: cfg.mode == Mode::Gil, on_cpu: cfg.mode == Mode::Cpu, names: true, stop_running_only: cfg.mode == Mode::Cpu };
     let mut stats = SamplerStats::default();
+    note_gc_frames(sessions, &mut stats);
     let mut timer = timer::Timer::new(Duration::from_secs_f64(1.0 / cfg.rate_hz));
     let commands: Vec<String> = sessions.iter().map(|s| s.attached().target.cmdline().join(" ")).collect();
     let mut commands: std::collections::HashMap<i32, String> = sessions.iter().map(|s| s.pid()).zip(commands).collect();
@@ -209,12 +223,16 @@ pub fn run(
                             Mode::Wall => true,
                             Mode::Cpu => t.on_cpu,
                             Mode::Gil => t.holds_gil,
+                            Mode::Exception => t.in_exception,
                         };
                         if keep && t.torn {
                             stats.samples += 1;
                             agg.add(pid, cmd, t.native_id, t.name.as_deref(), std::slice::from_ref(&torn));
                         } else if keep && (cfg.include_empty || !t.frames.is_empty()) {
                             stats.samples += 1;
+                            if t.in_gc && s.gc_frames() {
+                                *stats.gc_samples.get_or_insert(0) += 1;
+                            }
                             agg.add(pid, cmd, t.native_id, t.name.as_deref(), &t.frames);
                         }
                     }
@@ -249,6 +267,7 @@ pub fn run(
                 for s in &sessions[before..] {
                     commands.insert(s.pid(), s.attached().target.cmdline().join(" "));
                 }
+                note_gc_frames(sessions, &mut stats);
             }
         }
         if elapsed - last_progress >= Duration::from_millis(100) {

@@ -15,6 +15,9 @@ reads the target the way pyprof will, with nothing but the .toml file:
     closes up: tstate->interp points back, native_thread_id is a task of PID,
     instr_ptr lies inside co_code_adaptive, ob_type of the code is "code",
     the GIL holder (if locked) is one of the threads;
+  * reads the GC's collecting flag (0 or 1) and every thread's exception
+    state: the exc_info chain must end at the item inside the thread state,
+    and hold only NULL, None or exceptions;
   * reads every thread's name the way pyprof does (sys.modules -> threading
     -> _active -> Thread._name, per [layout] instance_dict), with its own
     dict/int/attribute code, and checks a thread is named "MainThread" and
@@ -28,6 +31,10 @@ keeps the GIL held):
 def spin():
     while True: pass
 def schläft(): time.sleep(300)
+def fängt():
+    try: raise KeyError(1)
+    except KeyError: time.sleep(300)
+threading.Thread(target=fängt, daemon=True).start()
 threading.Thread(target=spin, daemon=True, name="spinner-ß").start(); schläft()'
 """
 import os
@@ -400,6 +407,37 @@ def main():
         print(f"gil locked {locked} last_holder {holder:#x}")
         if locked not in (0, 1) or (holder and holder not in tstates):
             problems.append(f"GIL fields look wrong: locked {locked}, holder {holder:#x}")
+
+    # ---- <GC> frames: the collector's flag; --mode exception: each thread's
+    # exception in flight and its exc_info chain, which must end at the item
+    # embedded in the thread state itself (tstate->exc_state) ----
+    if "gc.collecting" in f:
+        gc_base = runtime + g("runtime_state.gc") if "runtime_state.gc" in f else interp + g("interpreter_state.gc")
+        collecting = mem.u32(gc_base + g("gc.collecting"))
+        print(f"gc.collecting {collecting}")
+        if collecting not in (0, 1):
+            problems.append(f"gc.collecting reads {collecting}")
+    else:
+        print("note: no GC flag offsets in this file")
+    if "thread_state.exc_info" in f:
+        handling = 0
+        for t in tstates:
+            cur = mem.u64(t + g("thread_state.current_exception"))
+            item, last, chain = mem.u64(t + g("thread_state.exc_info")), 0, []
+            while item and len(chain) < 64:
+                v = mem.u64(item + g("err_stackitem.exc_value"))
+                chain.append(type_name(v) if v else "NULL")
+                last, item = item, mem.u64(item + g("err_stackitem.previous_item"))
+            print(f"tstate {t:#x}: in flight {type_name(cur) if cur else None}, exc_info chain {chain}")
+            handling += any(c not in ("NULL", "NoneType") for c in chain)
+            if item or not t <= last < t + g("thread_state.size"):
+                problems.append(f"tstate {t:#x}: exc_info chain does not end at the thread's own item")
+            if not all(c == "NULL" or c == "NoneType" or c.endswith(("Error", "Exception")) for c in chain):
+                problems.append(f"tstate {t:#x}: exc_info chain holds {chain}")
+        if not handling:
+            print("note: no thread is handling an exception (target script differs?)")
+    else:
+        print("note: no exception-state offsets in this file")
 
     # ---- thread names: sys.modules -> threading._active -> Thread._name ----
     # An implementation independent of pyprof's, from the same .toml: dicts

@@ -164,21 +164,21 @@ fi
 # when another build is verified.
 case $minor in
 3.8 ) applies="3.8.x; verified on 3.8.18 only (other patch releases not checked)"
-      live="live: running pyenv 3.8.18, walked threads, frames, co_qualname, GIL holder, Thread._name of every thread in threading._active with check-live.py" ;;
+      live="live: running pyenv 3.8.18, walked threads, frames, co_qualname, GIL holder, Thread._name of every thread in threading._active, the GC flag and every thread's exception state with check-live.py" ;;
 3.9 ) applies="3.9.x; verified on 3.9.18 only (other patch releases not checked)"
-      live="live: running pyenv 3.9.18, walked threads, frames, co_qualname, GIL holder, Thread._name of every thread in threading._active with check-live.py" ;;
+      live="live: running pyenv 3.9.18, walked threads, frames, co_qualname, GIL holder, Thread._name of every thread in threading._active, the GC flag and every thread's exception state with check-live.py" ;;
 3.10) applies="3.10.x; verified on 3.10.13 only (other patch releases not checked)"
-      live="live: running pyenv 3.10.13, walked threads, frames, co_qualname, GIL holder, Thread._name of every thread in threading._active with check-live.py" ;;
+      live="live: running pyenv 3.10.13, walked threads, frames, co_qualname, GIL holder, Thread._name of every thread in threading._active, the GC flag and every thread's exception state with check-live.py" ;;
 3.11) applies="3.11.x; verified on 3.11.7 (pyenv) and 3.11.2 (Debian 12 /usr/bin/python3.11)"
-      live="live: running pyenv 3.11.7 and Debian 3.11.2 (non-PIE, stripped, libpython linked in; found via the _PyRuntime dynsym, whose st_size 166688 = runtime_state.size), walked threads, frames, co_qualname, GIL holder, Thread._name of every thread in threading._active with check-live.py" ;;
+      live="live: running pyenv 3.11.7 and Debian 3.11.2 (non-PIE, stripped, libpython linked in; found via the _PyRuntime dynsym, whose st_size 166688 = runtime_state.size), walked threads, frames, co_qualname, GIL holder, Thread._name of every thread in threading._active, the GC flag and every thread's exception state with check-live.py" ;;
 3.12) applies="3.12.x; verified on 3.12.1 only (other patch releases not checked)"
-      live="live: running pyenv 3.12.1, walked threads, frames, co_qualname, GIL holder, Thread._name of every thread in threading._active with check-live.py" ;;
+      live="live: running pyenv 3.12.1, walked threads, frames, co_qualname, GIL holder, Thread._name of every thread in threading._active, the GC flag and every thread's exception state with check-live.py" ;;
 3.13) applies="3.13.x; word order and values of _Py_DebugOffsets identical in 3.13.0 (pyenv) and 3.13.18 (Debian) except the sizes of runtime_state, interpreter_state and thread_state (3.13.x appended PyThreadState.datastack_cached_chunk)"
-      live="live: running pyenv 3.13.0 (72/72 debug words equal these headers) and Debian 3.13.18 python3.13 (69/72, the 3 sizes), walked threads, frames, co_qualname, GIL holder, Thread._name of every thread in threading._active with check-live.py" ;;
+      live="live: running pyenv 3.13.0 (72/72 debug words equal these headers) and Debian 3.13.18 python3.13 (69/72, the 3 sizes), walked threads, frames, co_qualname, GIL holder, Thread._name of every thread in threading._active, the GC flag and every thread's exception state with check-live.py" ;;
 3.14) applies="3.14.x; verified on Debian 3.14.10"
-      live="live: running Debian 3.14.10 python3.14 (94/94 debug words equal these headers), walked threads, frames, co_qualname, GIL holder, Thread._name of every thread in threading._active with check-live.py" ;;
+      live="live: running Debian 3.14.10 python3.14 (94/94 debug words equal these headers), walked threads, frames, co_qualname, GIL holder, Thread._name of every thread in threading._active, the GC flag and every thread's exception state with check-live.py" ;;
 3.15) applies="3.15.x; verified on Debian 3.15.2"
-      live="live: running Debian 3.15.2 python3.15 (110/110 debug words equal these headers, given the JIT -D flags), walked threads, frames, co_qualname, GIL holder, Thread._name of every thread in threading._active with check-live.py" ;;
+      live="live: running Debian 3.15.2 python3.15 (110/110 debug words equal these headers, given the JIT -D flags), walked threads, frames, co_qualname, GIL holder, Thread._name of every thread in threading._active, the GC flag and every thread's exception state with check-live.py" ;;
 *)    applies="$minor.x (unverified)"; live="" ;;
 esac
 

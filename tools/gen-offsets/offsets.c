@@ -393,6 +393,37 @@ static void name_constants(void)
 #endif
 }
 
+/* ---- <GC> frames and --mode exception ---------------------------------
+ * The cyclic collector's "collecting" flag (set for the whole collection,
+ * callbacks included), and where a thread keeps the exception it is
+ * raising (curexc_type <= 3.11, current_exception 3.12+: set from the
+ * raise until a handler takes it) and the ones it is handling (exc_info,
+ * the top _PyErr_StackItem, one per running generator/coroutine, chained
+ * by previous_item down to the thread's own). Names follow 3.15's
+ * _Py_DebugOffsets, which carries some of them (NOFF leaves those to it). */
+static void exception_fields(void)
+{
+#if PY_VERSION_HEX < 0x030C0000
+    NOFF("current_exception", PyThreadState, curexc_type);   /* non-NULL while raising */
+#else
+    NOFF("current_exception", PyThreadState, current_exception);
+#endif
+    NOFF("exc_info", PyThreadState, exc_info);
+}
+
+static void err_stackitem_and_gc_sections(void)
+{
+    section("err_stackitem");
+    NSIZE(_PyErr_StackItem);
+    /* 3.8-3.10 set exc_type too, with a normalised exc_value beside it */
+    NOFF("exc_value", _PyErr_StackItem, exc_value);
+    NOFF("previous_item", _PyErr_StackItem, previous_item);
+
+    section("gc");
+    NSIZE(struct _gc_runtime_state);
+    NOFF("collecting", struct _gc_runtime_state, collecting);
+}
+
 #if PY_VERSION_HEX < 0x030D0000
 /* ---- 3.8 - 3.12: every offset from the headers -------------------------- */
 static void full_table(void)
@@ -403,6 +434,9 @@ static void full_table(void)
 #  if PY_VERSION_HEX < 0x030C0000   /* one GIL in the runtime until 3.12 */
     OFF("gil_locked", _PyRuntimeState, ceval.gil.locked);
     OFF("gil_holder", _PyRuntimeState, ceval.gil.last_holder);
+#  endif
+#  if PY_VERSION_HEX < 0x03090000   /* one GC state in the runtime until 3.9 */
+    OFF("gc", _PyRuntimeState, gc);
 #  endif
 
     section("interpreter_state");
@@ -421,6 +455,9 @@ static void full_table(void)
 #  endif
     OFF("sysdict", PyInterpreterState, sysdict);
     OFF("builtins", PyInterpreterState, builtins);
+#  if PY_VERSION_HEX >= 0x03090000
+    OFF("gc", PyInterpreterState, gc);
+#  endif
 #  if PY_VERSION_HEX >= 0x030C0000  /* per-interpreter GIL */
     OFF("ceval_gil", PyInterpreterState, ceval.gil);
     OFF("gil_runtime_state", PyInterpreterState, _gil);
@@ -447,6 +484,7 @@ static void full_table(void)
        that is not running by that mark. */
     OFF("tracing", PyThreadState, tracing);
 #  endif
+    exception_fields();
 
 #  if PY_VERSION_HEX >= 0x030B0000
     section("cframe");
@@ -529,6 +567,7 @@ static void full_table(void)
     OFF("ma_values", PyDictObject, ma_values);
 
     name_sections();
+    err_stackitem_and_gc_sections();
 
     section("constants");
     frame_owner_constants();
@@ -637,14 +676,20 @@ static int debug_table(void)
        keeps stackpointer set in release builds, so it marks nothing there. */
     section("interpreter_frame");
     OFF("stacktop", _PyInterpreterFrame, stacktop);
+#  endif
     section("thread_state");
+#  if PY_VERSION_HEX < 0x030E0000
     OFF("tracing", PyThreadState, tracing);
+#  endif
+    exception_fields();
+    section("interpreter_state");
+#  if PY_VERSION_HEX < 0x030E0000
     /* 3.13: where new code objects take co_version from. Unchanged, it
        proves no code object was made, so none took a freed one's address
        (3.14+ count frees instead, in _Py_DebugOffsets). */
-    section("interpreter_state");
     OFF("code_version_counter", PyInterpreterState, func_state.next_version);
 #  endif
+    NOFF("gc", PyInterpreterState, gc);   /* in every 3.13+ _Py_DebugOffsets */
 
     section("unicode_object");
     SIZE_AS("compact_size", PyCompactUnicodeObject);
@@ -653,6 +698,7 @@ static int debug_table(void)
     NOFF("tp_basicsize", PyTypeObject, tp_basicsize);
     NOFF("tp_dictoffset", PyTypeObject, tp_dictoffset);
     name_sections();
+    err_stackitem_and_gc_sections();
 
     section("constants");
     frame_owner_constants();
