@@ -69,6 +69,10 @@ pub enum AsyncMode {
 enum Kind {
     Task,
     Future,
+    /// asyncio's pure-Python classes, where the program runs without the
+    /// `_asyncio` accelerator: their fields are instance attributes.
+    PyTask,
+    PyFuture,
     Coroutine,
     /// ≤ 3.9's `TaskWakeupMethWrapper`.
     WakeupWrapper,
@@ -88,7 +92,11 @@ enum Kind {
 fn classify(type_name: &str) -> Kind {
     match type_name {
         "_asyncio.Task" => Kind::Task,
-        "_asyncio.Future" | "_GatheringFuture" => Kind::Future,
+        "_asyncio.Future" => Kind::Future,
+        // A subclass of whichever Future the program has: see `Pass::kind`.
+        "_GatheringFuture" => Kind::Future,
+        "Task" => Kind::PyTask,
+        "Future" => Kind::PyFuture,
         "coroutine" | "generator" => Kind::Coroutine,
         "TaskWakeupMethWrapper" => Kind::WakeupWrapper,
         "builtin_function_or_method" => Kind::BuiltinMethod,
@@ -100,6 +108,13 @@ fn classify(type_name: &str) -> Kind {
         "weakref" | "weakref.ReferenceType" | "KeyedRef" => Kind::Weakref,
         _ => Kind::Other,
     }
+}
+
+/// A task field that pure-Python tasks keep as an attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Coro,
+    Name,
 }
 
 /// What the snapshot hands over for one thread.
@@ -146,11 +161,22 @@ pub struct TaskGraph {
     pub stats: TaskStats,
     /// Scratch: tasks on a chain being followed.
     seen: HashSet<u64>,
+    /// A pure-Python task was seen: the program runs without `_asyncio`.
+    pure: bool,
 }
 
 impl TaskGraph {
     pub fn new(mode: AsyncMode) -> TaskGraph {
-        TaskGraph { mode, offsets: None, located: None, kinds: HashMap::new(), registries: HashMap::new(), stats: TaskStats::default(), seen: HashSet::new() }
+        TaskGraph {
+            mode,
+            offsets: None,
+            located: None,
+            kinds: HashMap::new(),
+            registries: HashMap::new(),
+            stats: TaskStats::default(),
+            seen: HashSet::new(),
+            pure: false,
+        }
     }
 
     /// Whether the asyncio layout should be looked for now: not known yet,
@@ -203,7 +229,17 @@ impl Pass<'_, '_> {
         if let Some(&k) = self.g.kinds.get(&ty) {
             return Ok(k);
         }
-        let k = classify(&objects.type_name(obj)?);
+        let mut k = classify(&objects.type_name(obj)?);
+        // gather's future subclasses the C Future when there is one; a
+        // program without the accelerator has pure-Python futures only.
+        if k == Kind::Future && self.g.pure {
+            k = Kind::PyFuture;
+        }
+        if k == Kind::PyTask && !self.g.pure {
+            // Types classified before this was known may be gather's.
+            self.g.pure = true;
+            self.g.kinds.clear();
+        }
         if self.g.kinds.len() >= MAX_KINDS {
             self.g.kinds.clear();
         }
@@ -234,23 +270,25 @@ impl Pass<'_, '_> {
 
     fn rewrite_one(&mut self, rd: &mut Readers, view: &ThreadView, t: &mut ThreadStack, current: &mut Option<Vec<u64>>) -> Result<Option<u64>> {
         let mem = rd.mem;
-        let candidates: Vec<u64> = match self.ao.thread_running_task {
-            Some(off) => {
-                let task = mem.read_u64(view.tstate + off)?;
-                if task == 0 { vec![] } else { vec![task] }
+        let from_thread = match self.ao.thread_running_task {
+            Some(off) => mem.read_u64(view.tstate + off)?,
+            None => 0,
+        };
+        // 3.14+ keep a C task in the thread state; older versions, and
+        // pure-Python tasks on any, in asyncio.tasks._current_tasks.
+        let candidates: Vec<u64> = if from_thread != 0 {
+            vec![from_thread]
+        } else {
+            if current.is_none() {
+                *current = Some(self.current_tasks(view.interp)?);
             }
-            None => {
-                if current.is_none() {
-                    *current = Some(self.current_tasks(view.interp)?);
-                }
-                current.clone().unwrap_or_default()
-            }
+            current.clone().unwrap_or_default()
         };
         for task in candidates {
-            if self.kind(mem, task)? != Kind::Task {
+            if !self.is_task(mem, task)? {
                 continue;
             }
-            let coro = mem.read_u64(task + self.ao.task_coro)?;
+            let coro = self.field(mem, task, Field::Coro)?;
             let Some(frame) = self.coroutine_frame(mem, coro, false)? else { continue };
             let Some(pos) = view.frames.iter().position(|&f| f == frame) else { continue };
             // The task's own coroutines stay; the event loop under them goes.
@@ -266,6 +304,11 @@ impl Pass<'_, '_> {
     fn registry(&mut self, interp: u64, name: &'static str) -> Result<Option<u64>> {
         if let Some(&known) = self.g.registries.get(&(interp, name)) {
             return Ok(known);
+        }
+        // `_current_tasks` (in asyncio.tasks of every version) is the witness
+        // that the module is loaded, so missing names are not looked for again.
+        if name != "_current_tasks" && !self.g.registries.contains_key(&(interp, "_current_tasks")) {
+            self.registry(interp, "_current_tasks")?;
         }
         let objects = self.objects.as_mut().ok_or_else(|| Error::Corrupt("no object offsets for this version".into()))?;
         let found = objects.module_attr(interp, "asyncio.tasks", name)?;
@@ -354,7 +397,7 @@ impl Pass<'_, '_> {
     /// A suspended task's coroutine chain, innermost frame first.
     fn suspended_chain(&mut self, rd: &mut Readers, task: u64, out: &mut Vec<Frame>) -> Result<()> {
         let mem = rd.mem;
-        let mut coro = mem.read_u64(task + self.ao.task_coro)?;
+        let mut coro = self.field(mem, task, Field::Coro)?;
         let start = out.len();
         for _ in 0..MAX_CHAIN {
             let Some(frame) = self.coroutine_frame(mem, coro, true)? else { break };
@@ -415,7 +458,8 @@ impl Pass<'_, '_> {
         if depth > 8 {
             return Ok(None);
         }
-        match self.ao.awaiter_links {
+        let pure = matches!(self.kind(mem, fut)?, Kind::PyTask | Kind::PyFuture);
+        match if pure { AwaiterLinks::Callbacks } else { self.ao.awaiter_links } {
             AwaiterLinks::AwaitedBy => {
                 let (Some(by), Some(is_set)) = (self.ao.task_awaited_by, self.ao.task_awaited_by_is_set) else { return Ok(None) };
                 let obj = mem.read_u64(fut + by)?;
@@ -427,8 +471,8 @@ impl Pass<'_, '_> {
                 let items = if flag[0] != 0 { self.set_items(mem, obj)? } else { vec![obj] };
                 for item in items {
                     match self.kind(mem, item)? {
-                        Kind::Task => return Ok(Some(item)),
-                        Kind::Future => {
+                        Kind::Task | Kind::PyTask => return Ok(Some(item)),
+                        Kind::Future | Kind::PyFuture => {
                             if let Some(t) = self.awaiter(mem, item, depth + 1)? {
                                 return Ok(Some(t));
                             }
@@ -454,6 +498,10 @@ impl Pass<'_, '_> {
     fn callbacks(&mut self, mem: &dyn RemoteMemory, fut: u64) -> Result<Vec<u64>> {
         let ao = self.ao;
         let mut out = Vec::new();
+        if matches!(self.kind(mem, fut)?, Kind::PyTask | Kind::PyFuture) {
+            let list = self.attr(fut, "_callbacks")?;
+            return self.callback_list(mem, list, fut);
+        }
         if let Some(off) = ao.fut_callback0 {
             let cb = mem.read_u64(fut + off)?;
             if cb != 0 {
@@ -462,34 +510,62 @@ impl Pass<'_, '_> {
         }
         if let Some(off) = ao.fut_callbacks {
             let list = mem.read_u64(fut + off)?;
-            if list != 0 {
-                check_pointer(list, "callbacks")?;
-                let n = mem.read_u64(list + ao.list_size)?;
-                if n > MAX_CALLBACKS {
-                    return Err(Error::Corrupt(format!("future {fut:#x} has {n} callbacks")));
-                }
-                let items = mem.read_u64(list + ao.list_items)?;
-                if n > 0 {
-                    check_pointer(items, "callback list")?;
-                    let raw = mem.read_vec(items, 8 * n as usize)?;
-                    for i in 0..n as usize {
-                        let pair = field_u64(&raw, 8 * i);
-                        check_pointer(pair, "callback pair")?;
-                        let cb = mem.read_u64(pair + ao.tuple_items)?;
-                        if cb != 0 {
-                            out.push(cb);
-                        }
-                    }
+            out.extend(self.callback_list(mem, list, fut)?);
+        }
+        Ok(out)
+    }
+
+    /// The callables of a list of (callback, context) tuples (0: none).
+    fn callback_list(&mut self, mem: &dyn RemoteMemory, list: u64, fut: u64) -> Result<Vec<u64>> {
+        let ao = self.ao;
+        let mut out = Vec::new();
+        if list == 0 {
+            return Ok(out);
+        }
+        check_pointer(list, "callbacks")?;
+        let n = mem.read_u64(list + ao.list_size)?;
+        if n > MAX_CALLBACKS {
+            return Err(Error::Corrupt(format!("future {fut:#x} has {n} callbacks")));
+        }
+        let items = mem.read_u64(list + ao.list_items)?;
+        if n > 0 {
+            check_pointer(items, "callback list")?;
+            let raw = mem.read_vec(items, 8 * n as usize)?;
+            for i in 0..n as usize {
+                let pair = field_u64(&raw, 8 * i);
+                check_pointer(pair, "callback pair")?;
+                let cb = mem.read_u64(pair + ao.tuple_items)?;
+                if cb != 0 {
+                    out.push(cb);
                 }
             }
         }
         Ok(out)
     }
 
+    fn is_task(&mut self, mem: &dyn RemoteMemory, obj: u64) -> Result<bool> {
+        Ok(obj != 0 && matches!(self.kind(mem, obj)?, Kind::Task | Kind::PyTask))
+    }
+
+    /// A task's coroutine or name object: a C field, or a pure-Python
+    /// task's instance attribute (0 when it has none).
+    fn field(&mut self, mem: &dyn RemoteMemory, task: u64, f: Field) -> Result<u64> {
+        if self.kind(mem, task)? == Kind::PyTask {
+            return self.attr(task, if f == Field::Coro { "_coro" } else { "_name" });
+        }
+        mem.read_u64(task + if f == Field::Coro { self.ao.task_coro } else { self.ao.task_name })
+    }
+
+    /// `obj.__dict__[name]`, 0 when absent.
+    fn attr(&mut self, obj: u64, name: &'static str) -> Result<u64> {
+        let objects = self.objects.as_mut().ok_or_else(|| Error::Corrupt("no object offsets for this version".into()))?;
+        Ok(objects.instance_attr(obj, name)?.unwrap_or(0))
+    }
+
     /// The task a done-callback wakes or stands for.
     fn callback_task(&mut self, mem: &dyn RemoteMemory, cb: u64, depth: usize) -> Result<Option<u64>> {
         let ao = self.ao;
-        let is_task = |p: &mut Self, obj: u64| -> Result<Option<u64>> { Ok((obj != 0 && p.kind(mem, obj)? == Kind::Task).then_some(obj)) };
+        let is_task = |p: &mut Self, obj: u64| -> Result<Option<u64>> { Ok(p.is_task(mem, obj)?.then_some(obj)) };
         match self.kind(mem, cb)? {
             Kind::WakeupWrapper => match ao.wakeup_wrapper_task {
                 Some(off) => is_task(self, mem.read_u64(cb + off)?),
@@ -530,7 +606,7 @@ impl Pass<'_, '_> {
                         continue;
                     }
                     let content = mem.read_u64(cell + ao.cell_ref)?;
-                    if content != 0 && self.kind(mem, content)? == Kind::Future {
+                    if content != 0 && matches!(self.kind(mem, content)?, Kind::Future | Kind::PyFuture) {
                         return self.awaiter(mem, content, depth + 1);
                     }
                 }
@@ -566,7 +642,7 @@ impl Pass<'_, '_> {
     }
 
     fn task_name(&mut self, mem: &dyn RemoteMemory, task: u64) -> Result<String> {
-        let name_obj = mem.read_u64(task + self.ao.task_name)?;
+        let name_obj = self.field(mem, task, Field::Name)?;
         let name = if name_obj == 0 {
             "?".to_string()
         } else if self.kind(mem, name_obj)? == Kind::Str {
@@ -605,10 +681,10 @@ impl Pass<'_, '_> {
                     at = mem.read_u64(at)?;
                 }
             }
-            return Ok(tasks);
         }
         let Some(interp) = views.first().map(|v| v.interp) else { return Ok(tasks) };
-        // ≤ 3.13: weak sets (and 3.12+'s set of eagerly started tasks) in asyncio.tasks.
+        // ≤ 3.13, and pure-Python tasks on any: weak sets (and 3.12+'s set
+        // of eagerly started tasks) in asyncio.tasks.
         for name in ["_all_tasks", "_scheduled_tasks", "_eager_tasks"] {
             let Some(set) = self.registry(interp, name)? else { continue };
             let (set, weak) = match self.kind(mem, set)? {
@@ -637,7 +713,7 @@ impl Pass<'_, '_> {
         tasks.dedup();
         for task in tasks {
             // One unreadable task is left out, not the others.
-            if running.contains(&task) || self.kind(rd.mem, task).ok() != Some(Kind::Task) {
+            if running.contains(&task) || !self.is_task(rd.mem, task).unwrap_or(false) {
                 continue;
             }
             let mut frames = Vec::new();

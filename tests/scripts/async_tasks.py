@@ -10,12 +10,16 @@ worker-a and worker-b take turns on the one thread, so by the clock A gets
 about two thirds of their CPU time; each accounts its own spin time and
 SIGUSR1 prints "split A B" (seconds so far). Lines the tests look for carry
 a "# at: NAME" comment. Prints "ready" once every task is in place.
+With --pure, asyncio runs without its C accelerator (pure-Python tasks).
 """
 
-import asyncio
 import signal
 import sys
 import time
+
+if "--pure" in sys.argv:
+    sys.modules["_asyncio"] = None
+import asyncio  # noqa: E402
 
 spent = {"a": 0.0, "b": 0.0}
 
@@ -67,6 +71,8 @@ async def announce():
 
 async def main():
     signal.signal(signal.SIGUSR1, report)
+    if "--pure" in sys.argv:
+        assert type(asyncio.current_task()).__module__ == "asyncio.tasks", "the C accelerator is still in use"
     g = asyncio.create_task(gatherer(), name="gatherer")
     r = asyncio.create_task(grouper(), name="grouper")
     s = asyncio.create_task(sleeper(), name="sleeper")
