@@ -139,6 +139,15 @@ pub struct TaskStats {
     pub cut: u64,
 }
 
+impl TaskStats {
+    pub fn add(&mut self, o: &TaskStats) {
+        self.task_samples += o.task_samples;
+        self.idle_samples += o.idle_samples;
+        self.errors += o.errors;
+        self.cut += o.cut;
+    }
+}
+
 /// The readers a pass borrows from the snapshot.
 pub struct Readers<'a, 'b> {
     pub mem: &'a dyn RemoteMemory,

@@ -109,10 +109,16 @@ fn describe(a: &AcquireStats, elapsed: std::time::Duration) -> String {
 /// The summary line (and the native one, and warnings) on stderr.
 pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, native: bool) {
     let errs: Vec<String> = stats.errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    let gc = match stats.gc_samples {
+    let mut gc = match stats.gc_samples {
         Some(n) => format!("; <GC> in {:.1} % of samples", 100.0 * n as f64 / stats.samples.max(1) as f64),
         None => String::new(),
     };
+    if let Some(t) = &stats.tasks {
+        gc.push_str(&format!(
+            "; asyncio: {} samples in a running task, {} of waiting tasks, {} graphs unreadable, {} chains cut",
+            t.task_samples, t.idle_samples, t.errors, t.cut
+        ));
+    }
     eprintln!(
         "pyprof: {} samples over {} ticks in {:.2} s ({:.1} Hz achieved of {} requested, {} late{}, {:.2} reads/tick){gc}; errors: {}; stopped: {}; wrote {} ({})",
         stats.samples,

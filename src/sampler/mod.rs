@@ -93,9 +93,24 @@ pub struct SamplerStats {
     pub native_warnings: Vec<String>,
     /// Samples counted with a `<GC>` frame; None when no session adds them.
     pub gc_samples: Option<u64>,
+    /// `--async`: how the task graphs were read.
+    pub tasks: Option<crate::python::asyncio::TaskStats>,
 }
 
 impl SamplerStats {
+    /// What a session that ends (or the recording does) adds up to.
+    fn add_session(&mut self, s: &Session) {
+        self.cost.add(s);
+        self.acquire.add(&s.acquire_stats());
+        if let Some(n) = s.native_stats() {
+            self.native.add(n);
+        }
+        if let Some(t) = s.task_stats() {
+            self.tasks.get_or_insert_with(Default::default).add(&t);
+        }
+        self.add_warnings(s.native_warnings());
+    }
+
     fn add_warnings(&mut self, ws: &[String]) {
         for w in ws {
             if !self.native_warnings.contains(w) {
@@ -241,12 +256,7 @@ pub fn run(
                 }
                 Err(e) if e.is_process_gone() || !s.attached().target.is_alive() => {
                     stats.syscalls += s.attached().mem.syscalls();
-                    stats.cost.add(s);
-                    stats.acquire.add(&s.acquire_stats());
-                    if let Some(n) = s.native_stats() {
-                        stats.native.add(n);
-                    }
-                    stats.add_warnings(s.native_warnings());
+                    stats.add_session(s);
                     sessions.remove(i);
                 }
                 Err(e) => {
@@ -281,13 +291,8 @@ pub fn run(
     stats.late = timer.late;
     stats.skipped = timer.skipped;
     stats.syscalls += sessions.iter().map(|s| s.attached().mem.syscalls()).sum::<u64>();
-    sessions.iter().for_each(|s| stats.cost.add(s));
     for s in sessions.iter() {
-        stats.acquire.add(&s.acquire_stats());
-        if let Some(n) = s.native_stats() {
-            stats.native.add(n);
-        }
-        stats.add_warnings(s.native_warnings());
+        stats.add_session(s);
     }
     (stats, reason)
 }
