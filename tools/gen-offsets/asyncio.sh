@@ -29,6 +29,7 @@ PYENV_ROOT=${PYENV_ROOT:-$HOME/.pyenv}
 PYPROF_HDRS=${PYPROF_HDRS:-/tmp/pyprof-hdrs}
 
 die() { echo "asyncio.sh: $*" >&2; exit 1; }
+. "$here/dwarf.sh"
 
 minor=${1:?usage: asyncio.sh 3.X}
 case $minor in 3.[0-9]*) ;; *) die "usage: asyncio.sh 3.X" ;; esac
@@ -58,9 +59,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 # The build's own -D switches (see gen.sh: Debian's JIT flags change layouts).
 mk=$(ls "$inc"/../../lib/python"$minor"/config-"$minor"*/Makefile 2>/dev/null | head -n 1 || true)
-pydefs=""
-[ -n "$mk" ] && pydefs=$(grep -E '^(CONFIGURE_CPPFLAGS|CONFIGURE_CFLAGS|CONFIGURE_CFLAGS_NODIST|BASECFLAGS|OPT)[ \t]*=' "$mk" |
-    grep -oE -- '-D_?Py_[A-Za-z0-9_]+(=[A-Za-z0-9_]+)?' | sort -u | tr '\n' ' ' | sed 's/ $//')
+pydefs=$(python_defines "$mk")
 gcc -std=gnu11 -O0 -w -DPy_BUILD_CORE $pydefs -I"$inc" -I"$inc/.." "$here/asyncio.c" -o "$tmp/asyncio" ||
     die "compile failed against $inc"
 "$tmp/asyncio" > "$tmp/body"
@@ -69,30 +68,10 @@ gcc -std=gnu11 -O0 -w -DPy_BUILD_CORE $pydefs -I"$inc" -I"$inc/.." "$here/asynci
 dwarf=""
 if [ -n "$lib" ]; then
     "$tmp/asyncio" --gdb > "$tmp/expect"
-    cat > "$tmp/check.py" <<EOF
-import gdb
-ok = bad = missing = 0
-for line in open("$tmp/expect"):
-    expr, want = line.rstrip("\n").split("\t")
-    try:
-        got = int(gdb.parse_and_eval("(long)(%s)" % expr))
-    except gdb.error:
-        missing += 1
-        continue
-    if got == int(want):
-        ok += 1
-    else:
-        bad += 1
-        print("MISMATCH %s: headers %s, DWARF %d" % (expr, want, got))
-print("RESULT %d %d %d" % (ok, bad, missing))
-EOF
-    gdb -nx -batch -ex "python exec(open('$tmp/check.py').read())" "$lib" > "$tmp/dwarf" 2>/dev/null || true
-    grep MISMATCH "$tmp/dwarf" >&2 && die "headers and DWARF of $lib disagree"
-    set -- $(sed -n 's/^RESULT //p' "$tmp/dwarf")
-    [ $# -eq 3 ] || die "gdb check of $lib did not run"
-    [ "$1" -gt 0 ] || die "gdb found none of the types in $lib (no DWARF?)"
+    counts=$(dwarf_check "$tmp/expect" "$lib" "$tmp") || exit 1
+    set -- $counts
     dwarf="all $1 header offsetof/sizeof/enum values equal the DWARF of $(basename "$lib") (gdb)"
-    [ "$3" -eq 0 ] || dwarf="$dwarf; $3 not found in DWARF"
+    [ "$2" -eq 0 ] || dwarf="$dwarf; $2 not found in DWARF"
 fi
 
 # The _asyncio module's structs, from its DWARF. A type or field the

@@ -32,6 +32,7 @@ PYENV_ROOT=${PYENV_ROOT:-$HOME/.pyenv}
 PYPROF_HDRS=${PYPROF_HDRS:-/tmp/pyprof-hdrs}
 
 die() { echo "gen.sh: $*" >&2; exit 1; }
+. "$here/dwarf.sh"
 
 arg=${1:?usage: gen.sh 3.X | INCLUDE_DIR [LIBPYTHON]}
 lib=${2:-}
@@ -114,13 +115,8 @@ fi
 # grows PyInterpreterState and _PyRuntimeState.  The Makefile of the build
 # ships next to the headers (pyenv, and Debian's libpython3.X-dev).
 mk=$(ls "$inc"/../../lib/python"$minor"/config-"$minor"*/Makefile 2>/dev/null | head -n 1 || true)
-pydefs=""
-if [ -n "$mk" ]; then
-    pydefs=$(grep -E '^(CONFIGURE_CPPFLAGS|CONFIGURE_CFLAGS|CONFIGURE_CFLAGS_NODIST|BASECFLAGS|OPT)[ \t]*=' "$mk" |
-             grep -oE -- '-D_?Py_[A-Za-z0-9_]+(=[A-Za-z0-9_]+)?' | sort -u | tr '\n' ' ' | sed 's/ $//')
-else
-    echo "gen.sh: warning: no config-$minor*/Makefile next to $inc; build CFLAGS unknown" >&2
-fi
+pydefs=$(python_defines "$mk")
+[ -n "$mk" ] || echo "gen.sh: warning: no config-$minor*/Makefile next to $inc; build CFLAGS unknown" >&2
 
 # -I$inc/..: Debian's pyconfig.h includes <x86_64-linux-gnu/python3.X/pyconfig.h>.
 # gnu11: offsets.c uses _Generic and a statement expression.
@@ -133,30 +129,10 @@ gcc -std=gnu11 -O0 -w -DPy_BUILD_CORE $pydefs -I"$inc" -I"$inc/.." -I"$tmp" \
 dwarf=""
 if [ -n "$lib" ] && command -v gdb > /dev/null 2>&1; then
     "$tmp/offsets" --gdb > "$tmp/expect"
-    cat > "$tmp/check.py" <<EOF
-import gdb
-ok = bad = missing = 0
-for line in open("$tmp/expect"):
-    expr, want = line.rstrip("\n").split("\t")
-    try:
-        got = int(gdb.parse_and_eval("(long)(%s)" % expr))
-    except gdb.error:
-        missing += 1
-        continue
-    if got == int(want):
-        ok += 1
-    else:
-        bad += 1
-        print("MISMATCH %s: headers %s, DWARF %d" % (expr, want, got))
-print("RESULT %d %d %d" % (ok, bad, missing))
-EOF
-    gdb -nx -batch -ex "python exec(open('$tmp/check.py').read())" "$lib" > "$tmp/dwarf" 2>/dev/null || true
-    grep MISMATCH "$tmp/dwarf" >&2 && die "headers and DWARF of $lib disagree"
-    set -- $(sed -n 's/^RESULT //p' "$tmp/dwarf")
-    [ $# -eq 3 ] || die "gdb check of $lib did not run"
-    [ "$1" -gt 0 ] || die "gdb found none of the types in $lib (no DWARF?)"
+    counts=$(dwarf_check "$tmp/expect" "$lib" "$tmp") || exit 1
+    set -- $counts
     dwarf="all $1 offsetof/sizeof/enum values above equal the DWARF of $(basename "$lib") (gdb)"
-    [ "$3" -eq 0 ] || dwarf="$dwarf; $3 not found in DWARF"
+    [ "$2" -eq 0 ] || dwarf="$dwarf; $2 not found in DWARF"
 fi
 
 # Which patch releases each file is known to fit, and what was checked by hand
