@@ -161,6 +161,10 @@ pub struct TaskGraph {
     pub mode: AsyncMode,
     offsets: Option<AsyncioOffsets>,
     located: Option<Instant>,
+    /// Type address → kind. An object keeps its type alive, so the type
+    /// of any live object is the one classified; the types that matter
+    /// (builtins, and asyncio's classes, which live as long as their
+    /// module) are never freed while a program runs.
     kinds: HashMap<u64, Kind>,
     /// asyncio.tasks' registries by (interpreter, name): objects that live as
     /// long as the module, looked up in sys.modules once, not per sample.
