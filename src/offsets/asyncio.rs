@@ -126,6 +126,9 @@ pub struct AsyncioOffsets {
     /// The awaited object is this many slots below the end of the value
     /// stack: 1 (the top) up to 3.14; 3.15 keeps a NULL slot above it.
     pub awaited_slot: u64,
+    /// Whether C (`_asyncio`) tasks can be read with these: false for 3.14+
+    /// offsets made without the target's `.AsyncioDebug` (pure-Python tasks only).
+    pub c_tasks: bool,
 
     /// 3.14+: `_PyThreadStateImpl.asyncio_running_task`, `.asyncio_running_loop`,
     /// `.asyncio_tasks_head`, and `PyInterpreterState.asyncio_tasks_head`.
@@ -317,6 +320,7 @@ fn generic(f: &File, gen_frame: GenFrame, value_stack: ValueStack, debug: &dyn F
         gen_frame,
         value_stack,
         awaited_slot: Some(f.get("layout.awaited_slot")?).filter(|n| (1..=4).contains(n)).ok_or_else(|| f.bad("[layout] awaited_slot is not 1-4"))?,
+        c_tasks: true,
         thread_running_task: None,
         thread_running_loop: None,
         thread_tasks_head: None,
@@ -343,6 +347,9 @@ fn validate(o: &AsyncioOffsets, f: &File, gen_size: u64, frame_size: u64, debug:
         ("is_task", o.task_is_task, 1),
         ("node", o.task_node, 16),
     ];
+    if !o.c_tasks {
+        return Ok(());
+    }
     check("task", o.task_size, &task)?;
     // Every task field lies past the object header.
     if task.iter().filter_map(|t| t.1).any(|off| off < 16) {
@@ -503,7 +510,30 @@ pub fn locate(attached: &Attached) -> Result<Option<AsyncioOffsets>> {
         let debug = debug::load(&attached.mem, attached.interp.runtime, &file, &interp.version)?;
         return from_debug_section(&bytes, interp, &debug).map(Some);
     }
-    Ok(None)
+    // No `_asyncio` mapped: asyncio not imported yet, or run without its
+    // accelerator. Pure-Python tasks can be read all the same; the caller
+    // keeps looking for the section, for C tasks.
+    let file = table::for_minor(interp.version.minor)
+        .ok_or_else(|| Error::UnsupportedVersion { pid: attached.target.pid, version: interp.version.to_string() })?
+        .map_err(|why| Error::BadOffsets { version: interp.version.to_string(), why })?;
+    let debug = debug::load(&attached.mem, attached.interp.runtime, &file, &interp.version)?;
+    pure_python_only(interp, &debug).map(Some)
+}
+
+/// 3.14+ without a `.AsyncioDebug`: what pure-Python tasks need (generic
+/// objects from the file, generators and frames from `debug`), and no C task
+/// layout ([`AsyncioOffsets::c_tasks`] false).
+pub fn pure_python_only(interp: &Offsets, debug: &FieldMap) -> Result<AsyncioOffsets> {
+    let f = file(interp.version.minor).ok_or_else(|| Error::UnsupportedVersion { pid: 0, version: format!("{} (asyncio)", interp.version) })??;
+    let d = |k: &str| debug.get(k).copied();
+    let (gen_frame, value_stack, gen_size, frame_size) = f.frames(&d)?;
+    let o = AsyncioOffsets {
+        provenance: format!("pure-Python tasks only (no .AsyncioDebug mapped); {}", f.provenance),
+        c_tasks: false,
+        ..generic(&f, gen_frame, value_stack, &d)?
+    };
+    validate(&o, &f, gen_size, frame_size, &d)?;
+    Ok(o)
 }
 
 /// The bytes of `module`'s `.AsyncioDebug` as the target has them in memory,

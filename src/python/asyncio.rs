@@ -20,7 +20,8 @@
 //! Everything is read in the snapshot's instant (the GIL holder is held:
 //! no task can run meanwhile). Remote memory is untrusted: chains are
 //! bounded and cycles cut with a marker frame; a graph that cannot be read
-//! leaves the thread's plain stack.
+//! leaves the thread's plain stack. Unlike a plain sample, a pass allocates
+//! (its scratch maps and the task frames' names): `--async` is asked for.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -195,14 +196,18 @@ impl TaskGraph {
     /// Whether the asyncio layout should be looked for now: not known yet,
     /// and not looked for in the last [`RELOCATE`] (a program imports
     /// asyncio when it likes).
+    /// (3.14+ offsets that read pure-Python tasks only are looked past
+    /// too, for `_asyncio` being loaded later.)
     pub fn wants_offsets(&self) -> bool {
-        self.offsets.is_none() && self.located.is_none_or(|t| t.elapsed() >= RELOCATE)
+        self.offsets.as_ref().is_none_or(|o| !o.c_tasks) && self.located.is_none_or(|t| t.elapsed() >= RELOCATE)
     }
 
     /// The result of a look for the layout (None: asyncio not loaded yet).
     pub fn set_offsets(&mut self, found: Option<AsyncioOffsets>) {
         self.located = Some(Instant::now());
-        self.offsets = found;
+        if found.is_some() {
+            self.offsets = found;
+        }
     }
 
     pub fn has_offsets(&self) -> bool {
@@ -307,7 +312,11 @@ impl Pass<'_, '_> {
             // The task's own coroutines stay; the event loop under them goes.
             t.frames.truncate(pos + 1);
             t.frames.push(self.task_frame(mem, task));
-            self.awaiters(rd, task, &mut t.frames)?;
+            if self.awaiters(rd, task, &mut t.frames).is_err() {
+                // The task itself stands; what awaits it could not be read.
+                self.g.stats.errors += 1;
+                t.frames.push(Frame::marker(CUT, FrameKind::Task));
+            }
             return Ok(Some(task));
         }
         Ok(None)
@@ -557,7 +566,12 @@ impl Pass<'_, '_> {
     }
 
     fn is_task(&mut self, mem: &dyn RemoteMemory, obj: u64) -> Result<bool> {
-        Ok(obj != 0 && matches!(self.kind(mem, obj)?, Kind::Task | Kind::PyTask))
+        Ok(obj != 0
+            && match self.kind(mem, obj)? {
+                Kind::Task => self.ao.c_tasks,
+                Kind::PyTask => true,
+                _ => false,
+            })
     }
 
     /// A task's coroutine or name object: a C field, or a pure-Python
