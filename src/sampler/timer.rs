@@ -56,7 +56,18 @@ impl Timer {
         // SAFETY: PR_SET_TIMERSLACK only affects this thread's timer slack.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
         let start = now_ns();
-        Timer { start, interval: interval.as_nanos().max(1) as u64, n: 0, late: 0, skipped: 0, rng: start | 1, not_before: 0, mean_held: 0, rested: 0, last_tick: start }
+        Timer {
+            start,
+            interval: interval.as_nanos().max(1) as u64,
+            n: 0,
+            late: 0,
+            skipped: 0,
+            rng: start | 1,
+            not_before: 0,
+            mean_held: 0,
+            rested: 0,
+            last_tick: start,
+        }
     }
 
     /// xorshift64: cheap, and statistical quality is not the point here.
