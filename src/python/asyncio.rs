@@ -294,15 +294,11 @@ impl Pass<'_, '_> {
         };
         // 3.14+ keep a C task in the thread state; older versions, and
         // pure-Python tasks on any, in asyncio.tasks._current_tasks.
-        let candidates: Vec<u64> = if from_thread != 0 {
-            vec![from_thread]
-        } else {
-            if current.is_none() {
-                *current = Some(self.current_tasks(view.interp)?);
-            }
-            current.clone().unwrap_or_default()
-        };
-        for task in candidates {
+        if from_thread == 0 && current.is_none() {
+            *current = Some(self.current_tasks(view.interp)?);
+        }
+        let candidates: &[u64] = if from_thread != 0 { std::slice::from_ref(&from_thread) } else { current.as_deref().unwrap_or(&[]) };
+        for &task in candidates {
             if !self.is_task(mem, task)? {
                 continue;
             }

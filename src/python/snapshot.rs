@@ -304,7 +304,9 @@ impl Snapshotter {
     /// `--async`: still inside the snapshot's instant (the GIL holder is
     /// held), so the suspended tasks read are those of the same moment.
     fn task_stacks(&mut self, src: Source, threads: &mut [ThreadStack]) {
-        let Some(graph) = self.tasks.as_mut() else { return };
+        // Until asyncio is found in the target there is nothing to read:
+        // no per-sample scratch either.
+        let Some(graph) = self.tasks.as_mut().filter(|g| g.has_offsets()) else { return };
         // `threads[i]` was walked from `self.states[self.walked[i]]`.
         let views: Vec<ThreadView> = self
             .walked
