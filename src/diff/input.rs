@@ -131,6 +131,7 @@ pub fn parse_collapsed(text: &str) -> anyhow::Result<Profile> {
         stop_reason: String::new(),
         sampling: Default::default(),
         gc_samples: None,
+        process_start: None,
     };
     Ok(Profile { meta, frames, threads: vec![ThreadInfo { pid: 0, native_id: None, name: None }], stacks })
 }

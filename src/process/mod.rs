@@ -104,6 +104,32 @@ fn inside_root(path: &str, root: &str) -> String {
     }
 }
 
+/// When process `pid` started, in seconds since the Unix epoch; None when
+/// /proc does not say. `/proc/PID/stat`'s starttime (field 22) counts clock
+/// ticks since boot on the boot-time clock, so the start is now minus how
+/// long ago that was on the same clock: exact to a tick (10 ms), where
+/// `/proc/stat`'s `btime` (whole seconds, truncated) would make it up to a
+/// second early. A wall clock stepped since the start shifts it by the step.
+pub fn start_time(pid: i32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // comm may hold spaces and parentheses: fields follow the last ')'; starttime is field 22.
+    let ticks: u64 = stat[stat.rfind(')')? + 2..].split(' ').nth(19)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz <= 0 {
+        return None;
+    }
+    let boot_now = clock_secs(libc::CLOCK_BOOTTIME)?;
+    let wall_now = clock_secs(libc::CLOCK_REALTIME)?;
+    Some(wall_now - (boot_now - ticks as f64 / hz as f64))
+}
+
+fn clock_secs(clock: libc::clockid_t) -> Option<f64> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid timespec for the call to fill.
+    (unsafe { libc::clock_gettime(clock, &mut ts) } == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+}
+
 /// One-letter scheduler state of a thread ('R' running, 'S' sleeping, ...).
 pub fn task_state(pid: i32, tid: i32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
@@ -164,6 +190,14 @@ mod tests {
         assert_eq!(inside_root("/srv/sid", "/srv/sid/"), "/");
         assert_eq!(inside_root("/srv/sidecar/x", "/srv/sid"), "/srv/sidecar/x");
         assert_eq!(inside_root("/tmp/gone (deleted)", "/"), "/tmp/gone");
+    }
+
+    #[test]
+    fn own_start_time_is_before_now_and_recent() {
+        let start = start_time(std::process::id() as i32).unwrap();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        assert!(start <= now + 0.02 && start > now - 3600.0, "start {start}, now {now}");
+        assert_eq!(start_time(-5), None);
     }
 
     #[test]

@@ -88,6 +88,11 @@ pub struct Meta {
     /// not say where the collector's flag is).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gc_samples: Option<u64>,
+    /// When the target process started, in seconds since the Unix epoch
+    /// (`process::start_time`): a source file modified after it may not be
+    /// the code that ran. Absent when unknown and in older profiles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_start: Option<f64>,
 }
 
 /// How each snapshot was obtained (one snapshot per tick and process) and
@@ -164,6 +169,7 @@ impl Profile {
                 stop_reason: "duration".into(),
                 sampling: Acquisition::default(),
                 gc_samples: None,
+                process_start: None,
             },
             frames: vec![f("<module>", "app.py", 10), f("main", "app.py", 5), f("work", "lib/ü.py", 2), f("Other.sleep <&>", "app.py", 7)],
             threads: vec![ThreadInfo { pid: 4242, native_id: Some(4242), name: Some("MainThread".into()) }],

@@ -14,6 +14,7 @@ pub struct Target {
     command: Vec<String>,
     cwd: String,
     python_version: String,
+    process_start: Option<f64>,
 }
 
 impl Target {
@@ -24,6 +25,7 @@ impl Target {
             command: a.target.cmdline(),
             cwd: a.target.cwd.clone().unwrap_or_default(),
             python_version: a.interp.offsets.version.to_string(),
+            process_start: crate::process::start_time(s.pid()),
         }
     }
 }
@@ -64,6 +66,7 @@ pub fn meta(cfg: &RecordConfig, t: &Target, stats: &SamplerStats, reason: StopRe
         stop_reason: reason.describe().into(),
         sampling,
         gc_samples: stats.gc_samples,
+        process_start: t.process_start,
     }
 }
 
