@@ -3,6 +3,7 @@
 
 pub mod collapsed;
 pub mod flamegraph;
+pub mod heatmap;
 pub mod json;
 pub mod pprof;
 pub mod speedscope;
@@ -25,9 +26,12 @@ pub enum Format {
     Speedscope,
     Pprof,
     Json,
+    Heatmap,
 }
 
 impl Format {
+    pub const ALL: [Format; 6] = [Format::Flamegraph, Format::Collapsed, Format::Speedscope, Format::Pprof, Format::Json, Format::Heatmap];
+
     pub fn name(self) -> &'static str {
         match self {
             Format::Flamegraph => "flamegraph",
@@ -35,6 +39,7 @@ impl Format {
             Format::Speedscope => "speedscope",
             Format::Pprof => "pprof",
             Format::Json => "json",
+            Format::Heatmap => "heatmap",
         }
     }
 
@@ -45,6 +50,7 @@ impl Format {
             Format::Speedscope => "speedscope.json",
             Format::Pprof => "pb.gz",
             Format::Json => "json",
+            Format::Heatmap => "html",
         }
     }
 
@@ -62,6 +68,8 @@ impl Format {
             Format::Pprof
         } else if ends(".json") {
             Format::Json
+        } else if ends(".html") || ends(".htm") {
+            Format::Heatmap
         } else {
             return None;
         })
@@ -72,14 +80,24 @@ impl Format {
     pub fn default_view(self) -> View {
         match self {
             Format::Flamegraph | Format::Speedscope => View::READABLE,
-            Format::Collapsed | Format::Pprof | Format::Json => View::EXACT,
+            // The heat map shows files, not labels: short paths in its index.
+            Format::Collapsed | Format::Pprof | Format::Json | Format::Heatmap => View::EXACT,
         }
     }
 
     /// The writer of this format, showing frames as `view` says (JSON and
-    /// pprof always write every frame with its full path).
+    /// pprof always write every frame with its full path). A heat map reads
+    /// sources from this machine's filesystem ([`Format::writer_reading`]).
     pub fn writer(self, view: View) -> Box<dyn Writer> {
+        self.writer_reading(view, heatmap::SourceRoot::host())
+    }
+
+    /// [`Format::writer`], with a heat map reading the program's source files
+    /// under `sources` (the target's own root when recording); the other
+    /// formats read no files.
+    pub fn writer_reading(self, view: View, sources: heatmap::SourceRoot) -> Box<dyn Writer> {
         match self {
+            Format::Heatmap => Box::new(heatmap::Heatmap { options: heatmap::HeatmapOptions { sources } }),
             Format::Flamegraph => Box::new(flamegraph::Flamegraph { options: flamegraph::FlamegraphOptions { view, ..Default::default() } }),
             Format::Collapsed => Box::new(collapsed::Collapsed { view }),
             Format::Speedscope => Box::new(speedscope::Speedscope { view }),
@@ -101,6 +119,8 @@ mod tests {
         assert_eq!(f("x.speedscope.json"), Some(Format::Speedscope));
         assert_eq!(f("x.json"), Some(Format::Json));
         assert_eq!(f("x.pb.gz"), Some(Format::Pprof));
+        assert_eq!(f("report.html"), Some(Format::Heatmap));
+        assert_eq!(f("R.HTM"), Some(Format::Heatmap));
         assert_eq!(f("x.bin"), None);
     }
 }
