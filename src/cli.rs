@@ -36,6 +36,8 @@ pub enum Command {
     Record(RecordArgs),
     /// Compare two profiles; exit 1 on a significant regression (CI gate, docs/ci.md).
     Diff(DiffArgs),
+    /// Render a saved JSON profile (record --format json) in any format.
+    Report(ReportArgs),
 }
 
 #[derive(Args, Debug)]
@@ -214,6 +216,45 @@ impl RecordArgs {
             quiet: self.quiet,
             attach,
         })
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// A profile written by `record --format json`.
+    pub profile: PathBuf,
+
+    /// Output file.
+    #[arg(short, long)]
+    pub output: PathBuf,
+
+    /// Output format (default: from the -o extension).
+    #[arg(short, long, value_enum)]
+    pub format: Option<FormatArg>,
+
+    /// File paths in labels, as for record.
+    #[arg(long, value_enum, value_name = "HOW")]
+    pub paths: Option<PathsArg>,
+
+    /// Import machinery frames, as for record.
+    #[arg(long, value_enum, value_name = "HOW")]
+    pub import_frames: Option<ImportFramesArg>,
+
+    /// Heat map: read source files under this directory (a chroot's or
+    /// container's filesystem) instead of /.
+    #[arg(long, value_name = "DIR")]
+    pub source_root: Option<PathBuf>,
+}
+
+impl ReportArgs {
+    pub fn into_config(self) -> anyhow::Result<crate::report::ReportConfig> {
+        let format = match self.format {
+            Some(f) => f.into(),
+            None => Format::from_path(&self.output)
+                .ok_or_else(|| anyhow::anyhow!("cannot tell the format from {}: give --format", self.output.display()))?,
+        };
+        let view = view_for(format, self.paths, self.import_frames);
+        Ok(crate::report::ReportConfig { input: self.profile, output: self.output, format, view, source_root: self.source_root })
     }
 }
 
@@ -479,6 +520,8 @@ pub enum FormatArg {
     Speedscope,
     Pprof,
     Json,
+    /// Self-contained HTML: the program's source, lines shaded by samples.
+    Heatmap,
 }
 
 impl From<FormatArg> for Format {
@@ -489,6 +532,7 @@ impl From<FormatArg> for Format {
             FormatArg::Speedscope => Format::Speedscope,
             FormatArg::Pprof => Format::Pprof,
             FormatArg::Json => Format::Json,
+            FormatArg::Heatmap => Format::Heatmap,
         }
     }
 }

@@ -25,6 +25,7 @@ pub mod process;
 pub mod profile;
 pub mod python;
 pub mod record;
+pub mod report;
 pub mod sampler;
 pub mod session;
 pub mod stack;
@@ -38,5 +39,6 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Dump(args) => dump::run(&args.into_config()),
         Command::Record(args) => record::run(&args.into_config()?),
         Command::Diff(args) => diff::run(&args.into_config()?),
+        Command::Report(args) => report::run(&args.into_config()?),
     }
 }

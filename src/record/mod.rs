@@ -4,7 +4,7 @@
 
 mod children;
 mod launch;
-mod output;
+pub(crate) mod output;
 mod summary;
 
 use std::path::{Path, PathBuf};
@@ -41,6 +41,7 @@ pub struct RecordConfig {
 /// Returns the process exit code: the launched child's, else 0.
 pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
     let pending = PendingOutput::create(&cfg.output)?;
+    let also = output::also_write()?;
     sampler::install_signal_handlers();
     let (mut child, first) = match &cfg.target {
         RecordTarget::Pid(pid) => (None, Session::attach(*pid, &cfg.attach)?),
@@ -50,6 +51,8 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
         }
     };
     let about = summary::Target::of(&first);
+    // Held from the start: after the target exits its /proc path is gone.
+    let sources = crate::output::heatmap::SourceRoot::of_process(first.pid());
     let mut finder = ChildFinder::new(first.pid(), cfg.attach.clone());
     let discover: Option<&mut dyn Discover> = if cfg.subprocesses { Some(&mut finder) } else { None };
     let mut sessions = vec![first];
@@ -69,8 +72,11 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
     let native = cfg.attach.native.is_some();
     let meta = summary::meta(cfg, &about, &stats, reason, start_time, agg.overflowed, native);
     let profile = agg.into_profile(meta);
-    let writer = cfg.format.writer(cfg.view);
+    let writer = cfg.format.writer_reading(cfg.view, sources);
     pending.commit(|w| writer.write(&profile, w))?;
+    for (format, extra) in also {
+        extra.commit(|w| format.writer(format.default_view()).write(&profile, w))?;
+    }
     if !cfg.quiet {
         summary::print(cfg, &stats, reason, native);
     }

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
+use crate::output::Format;
+
 /// The output file, created up front next to its final path.
 pub struct PendingOutput {
     tmp: PathBuf,
@@ -42,4 +44,23 @@ impl Drop for PendingOutput {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.tmp);
     }
+}
+
+/// Undocumented, for tests: `PYPROF_ALSO_WRITE=FORMAT:PATH,FORMAT:PATH`
+/// makes `record` also write the profile it recorded in those formats (each
+/// with its default view, a heat map reading this machine's files), so a
+/// test can compare `pyprof report`'s output with what `record` itself
+/// writes from the same samples, which no second recording could give.
+pub const ALSO_WRITE_ENV: &str = "PYPROF_ALSO_WRITE";
+
+/// The extra outputs [`ALSO_WRITE_ENV`] asks for, created up front.
+pub fn also_write() -> anyhow::Result<Vec<(Format, PendingOutput)>> {
+    let Ok(spec) = std::env::var(ALSO_WRITE_ENV) else { return Ok(Vec::new()) };
+    let mut out = Vec::new();
+    for item in spec.split(',').filter(|s| !s.is_empty()) {
+        let Some((name, path)) = item.split_once(':') else { bail!("{ALSO_WRITE_ENV}: {item:?} is not FORMAT:PATH") };
+        let Some(format) = Format::ALL.into_iter().find(|f| f.name() == name) else { bail!("{ALSO_WRITE_ENV}: no format {name:?}") };
+        out.push((format, PendingOutput::create(Path::new(path))?));
+    }
+    Ok(out)
 }
