@@ -1,0 +1,1 @@
+"""The heat map workload's package (tests/scripts/heat_lines.py)."""
