@@ -124,6 +124,26 @@ mod tests {
         assert_eq!(kinds.iter().filter(|&&k| k == FrameKind::Gc).count(), 1);
     }
 
+    #[test]
+    fn floats_read_back_exactly() {
+        // Start times and durations as a recording makes them: any f64 of
+        // that size must come back bit for bit, or `report` would not give
+        // `record`'s bytes (pprof's time_nanos is computed from start_time).
+        let mut p = Profile::example();
+        let mut x = 1_764_030_073.123_456_7_f64;
+        for i in 0..2000 {
+            x = f64::from_bits(x.to_bits() + 7919 * i);
+            p.meta.start_time = x;
+            p.meta.duration_secs = x / 1e9 + i as f64 / 3.0;
+            p.meta.process_start = Some(x - 0.1);
+            let mut buf = Vec::new();
+            Json.write(&p, &mut buf).unwrap();
+            let back = read(&buf).unwrap();
+            assert_eq!(back.meta.start_time.to_bits(), x.to_bits(), "{x}");
+            assert_eq!(back, p);
+        }
+    }
+
     /// A file as pyprof 0.1 wrote it (schema 1, before `meta.cwd` and
     /// `meta.sampling`), byte for byte.
     const VERSION_1: &str = r#"{"format":"pyprof-profile","version":1,"meta":{"pid":7,"command":["python3","app.py"],"python_version":"3.11.4","mode":"wall","rate_hz":100.0,"duration_secs":2.0,"start_time":1700000000.0,"pyprof_version":"0.1.0","samples":3,"late":0,"errors":{},"stop_reason":"duration reached"},"frames":[{"function":"thread MainThread (7)","file":"","line":null,"kind":"thread"},{"function":"main","file":"/app/app.py","line":5,"kind":"python"},{"function":"memcpy","file":"libc.so.6","line":null,"kind":"native"}],"threads":[{"pid":7,"native_id":7,"name":"MainThread"}],"stacks":[{"frames":[0,1,2],"thread":0,"count":3}]}"#;
