@@ -274,3 +274,39 @@ fn a_module_changed_after_start_is_flagged_and_a_missing_file_keeps_its_counts()
     assert!(want[&(script.display().to_string(), call)].1 > 100, "the call line's total");
     assert!(gone.contains(&format!("id=\"{}-L{call}\" class=\"hot\"", between(gone, "id=\"", "\"").unwrap())), "{gone}");
 }
+
+#[test]
+fn native_frames_are_listed_by_module_with_their_counts() {
+    let Some(py) = interpreter("pyenv-3.12") else { return };
+    let dir = temp_dir("heatmap-native");
+    let json = dir.join("n.json");
+    record(&py, scripts_dir().join("heat_lines.py").to_str().unwrap(), "1", &json, &["--native"]);
+    let html = dir.join("n.html");
+    run_ok(&["report", json.to_str().unwrap(), "-o", html.to_str().unwrap()]);
+    let page = std::fs::read_to_string(&html).unwrap();
+    // module → (own: innermost frame is C code of it, total: once per stack), from the profile.
+    let p = read_profile(&json);
+    let mut want: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for s in &p.stacks {
+        let frames: Vec<_> = s.frames.iter().map(|&f| &p.frames[f as usize]).collect();
+        if let Some(leaf) = frames.last().filter(|f| f.kind == FrameKind::Native) {
+            want.entry(leaf.file.clone()).or_default().0 += s.count;
+        }
+        for m in frames.iter().filter(|f| f.kind == FrameKind::Native).map(|f| f.file.clone()).collect::<BTreeSet<_>>() {
+            want.entry(m).or_default().1 += s.count;
+        }
+    }
+    assert!(want.keys().any(|m| m.starts_with("libpython3.12")), "{want:?}");
+    let index = between(&page, "<h2>Native modules</h2>", "</table>").expect("a native index");
+    let mut got = BTreeMap::new();
+    for row in index.split("<tr><td><a href=\"#m").skip(1) {
+        let module = unescape(between(row, "\">", "</a>").unwrap());
+        let n: Vec<u64> = row.split("<td class=\"n\">").skip(1).map(|c| c[..c.find('<').unwrap()].parse().unwrap()).collect();
+        got.insert(module, (n[0], n[1]));
+    }
+    assert_eq!(got, want);
+    // Each module's section names its functions.
+    let libpython = page.find("<section id=\"m").map(|i| &page[i..]).unwrap();
+    assert!(libpython.contains("<th>function</th>") && libpython.matches("<tr><td>").count() > 3, "{}", html.display());
+    assert_links_resolve(&page);
+}
