@@ -250,8 +250,7 @@ impl ReportArgs {
     pub fn into_config(self) -> anyhow::Result<crate::report::ReportConfig> {
         let format = match self.format {
             Some(f) => f.into(),
-            None => Format::from_path(&self.output)
-                .ok_or_else(|| anyhow::anyhow!("cannot tell the format from {}: give --format", self.output.display()))?,
+            None => Format::from_path(&self.output).ok_or_else(|| anyhow::anyhow!("cannot tell the format from {}: give --format", self.output.display()))?,
         };
         let view = view_for(format, self.paths, self.import_frames);
         Ok(crate::report::ReportConfig { input: self.profile, output: self.output, format, view, source_root: self.source_root })

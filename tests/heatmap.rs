@@ -59,13 +59,8 @@ fn read_profile(path: &Path) -> Profile {
 fn expected_counts(p: &Profile) -> BTreeMap<(String, u32), (u64, u64)> {
     let mut out: BTreeMap<(String, u32), (u64, u64)> = BTreeMap::new();
     for s in &p.stacks {
-        let py: Vec<(String, u32)> = s
-            .frames
-            .iter()
-            .map(|&f| &p.frames[f as usize])
-            .filter(|f| f.kind == FrameKind::Python)
-            .map(|f| (f.file.clone(), f.line.unwrap_or(0)))
-            .collect();
+        let py: Vec<(String, u32)> =
+            s.frames.iter().map(|&f| &p.frames[f as usize]).filter(|f| f.kind == FrameKind::Python).map(|f| (f.file.clone(), f.line.unwrap_or(0))).collect();
         if let Some(last) = py.last() {
             out.entry(last.clone()).or_default().0 += s.count;
         }

@@ -127,7 +127,11 @@ fn bad_input_is_one_line_and_a_non_zero_exit() {
         assert!(stderr.starts_with("pyprof: ") && stderr.contains(says), "{args:?}: {stderr}");
     }
     // Nothing was left behind for a failed report.
-    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| !n.ends_with(".json") && !n.ends_with(".txt")).collect();
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".json") && !n.ends_with(".txt"))
+        .collect();
     assert!(left.is_empty(), "{left:?}");
     let _ = Path::new(&missing);
 }

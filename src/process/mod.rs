@@ -127,7 +127,10 @@ pub fn start_time(pid: i32) -> Option<f64> {
 fn clock_secs(clock: libc::clockid_t) -> Option<f64> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: ts is a valid timespec for the call to fill.
-    (unsafe { libc::clock_gettime(clock, &mut ts) } == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return None;
+    }
+    Some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
 }
 
 /// One-letter scheduler state of a thread ('R' running, 'S' sleeping, ...).

@@ -165,7 +165,8 @@ impl Counts {
         let mut samples = 0;
 
         // Per-stack scratch, reused.
-        let (mut py, mut lines, mut fns, mut fls, mut mods, mut nfs, mut calls) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut py, mut lines, mut fns, mut fls, mut mods, mut nfs, mut calls) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for stack in profile.stacks.iter().filter(|s| s.count > 0) {
             let c = stack.count;
             samples += c;
@@ -240,7 +241,13 @@ impl Counts {
         }
         let mut out_files: Vec<FileCounts> = order
             .iter()
-            .map(|&f| FileCounts { path: files.keys[f as usize].to_string(), own: file_acc[f as usize].own, total: file_acc[f as usize].total, lines: Vec::new(), functions: Vec::new() })
+            .map(|&f| FileCounts {
+                path: files.keys[f as usize].to_string(),
+                own: file_acc[f as usize].own,
+                total: file_acc[f as usize].total,
+                lines: Vec::new(),
+                functions: Vec::new(),
+            })
             .collect();
 
         let mut sorted_lines: Vec<((u32, u32), Acc)> = line_acc.into_iter().collect();
@@ -257,7 +264,13 @@ impl Counts {
             let fc = &mut out_files[file_pos[file as usize]];
             fn_pos[f as usize] = FnRef { file: file_pos[file as usize], function: fc.functions.len() };
             let acc = fn_acc[f as usize];
-            fc.functions.push(FunctionCounts { name: name.to_string(), own: acc.own, total: acc.total, first_line: first_line[f as usize], callers: Vec::new() });
+            fc.functions.push(FunctionCounts {
+                name: name.to_string(),
+                own: acc.own,
+                total: acc.total,
+                first_line: first_line[f as usize],
+                callers: Vec::new(),
+            });
         }
 
         let mut calls_of: HashMap<(u32, u32), Vec<(FnRef, u64)>> = HashMap::new();

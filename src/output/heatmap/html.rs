@@ -153,9 +153,9 @@ impl Page<'_> {
             Some(t) => format!("The process started at {}; a file modified after that is flagged: it may not be the code that ran.", time(t)),
             None => "When the process started is unknown: changed files cannot be flagged.".to_string(),
         };
-        let _ = write!(
+        let _ = writeln!(
             h,
-            "<p class=\"note\">Sources read from {}. Own: samples whose innermost Python frame was at the line; total: samples with the line anywhere on the stack (once per sample). {}</p>\n",
+            "<p class=\"note\">Sources read from {}. Own: samples whose innermost Python frame was at the line; total: samples with the line anywhere on the stack (once per sample). {}</p>",
             esc(self.root),
             esc(&started)
         );
@@ -281,7 +281,13 @@ impl Page<'_> {
             })
             .collect();
         let called = if callers.is_empty() { String::new() } else { format!(" · called from {}", callers.join(", ")) };
-        let _ = writeln!(h, "<tr class=\"fn\" id=\"f{file}-fn{j}\"><td colspan=\"5\"><b>{}</b> · own {} · total {}{called}</td></tr>", esc(&func.name), func.own, func.total);
+        let _ = writeln!(
+            h,
+            "<tr class=\"fn\" id=\"f{file}-fn{j}\"><td colspan=\"5\"><b>{}</b> · own {} · total {}{called}</td></tr>",
+            esc(&func.name),
+            func.own,
+            func.total
+        );
     }
 
     fn line_row(&self, h: &mut String, file: usize, n: u32, text: Option<&str>, counts: Option<&LineCounts>, max_own: u64) {
@@ -289,7 +295,10 @@ impl Page<'_> {
         let code = text.map(esc).unwrap_or_default();
         match counts {
             None => {
-                let _ = writeln!(h, "<tr id=\"f{file}-L{n}\" class=\"cold\"><td class=\"n\"></td><td class=\"n\"></td><td class=\"no\">{shown_no}</td><td class=\"code\">{code}</td><td class=\"calls\"></td></tr>");
+                let _ = writeln!(
+                    h,
+                    "<tr id=\"f{file}-L{n}\" class=\"cold\"><td class=\"n\"></td><td class=\"n\"></td><td class=\"no\">{shown_no}</td><td class=\"code\">{code}</td><td class=\"calls\"></td></tr>"
+                );
             }
             Some(l) => {
                 let calls: Vec<String> = l
