@@ -251,10 +251,19 @@ impl Page<'_> {
         };
         let n_source = lines.as_ref().map_or(0, |l| l.len() as u32);
         if let Some(lines) = &lines {
-            for (k, text) in lines.iter().enumerate() {
+            let shown = shown_lines(lines.len(), f.lines.iter().map(|l| l.line).chain(headers.iter().map(|&(n, _)| n)));
+            let mut k = 0;
+            while k < lines.len() {
+                if !shown[k] {
+                    let end = (k..lines.len()).find(|&e| shown[e]).unwrap_or(lines.len());
+                    let _ = writeln!(h, "<tr class=\"gap cold\"><td colspan=\"5\">⋯ lines {}–{}: no samples</td></tr>", k + 1, end);
+                    k = end;
+                    continue;
+                }
                 let n = k as u32 + 1;
                 put_headers(h, n);
-                self.line_row(h, i, n, Some(text), by_line.get(&n).copied(), max_own);
+                self.line_row(h, i, n, Some(lines[k]), by_line.get(&n).copied(), max_own);
+                k += 1;
             }
         }
         // Sampled lines the source does not have (unreadable, or shorter than when it ran).
@@ -324,6 +333,38 @@ impl Page<'_> {
     }
 }
 
+/// Lines of a file shown around its sampled lines and function headers:
+/// so a big module with a few hot lines stays a small page.
+pub const CONTEXT_LINES: usize = 12;
+/// A run of lines without samples shorter than this is shown anyway.
+pub const MIN_ELIDED: usize = 20;
+
+/// Which of `n` source lines (index 0 is line 1) the page shows: those
+/// within [`CONTEXT_LINES`] of a line in `anchors` (1-based), and every
+/// run between them shorter than [`MIN_ELIDED`].
+fn shown_lines(n: usize, anchors: impl Iterator<Item = u32>) -> Vec<bool> {
+    let mut shown = vec![false; n];
+    for a in anchors.filter(|&a| a >= 1 && a as usize <= n) {
+        let k = a as usize - 1;
+        for s in &mut shown[k.saturating_sub(CONTEXT_LINES)..(k + CONTEXT_LINES + 1).min(n)] {
+            *s = true;
+        }
+    }
+    let mut k = 0;
+    while k < n {
+        if shown[k] {
+            k += 1;
+            continue;
+        }
+        let end = (k..n).find(|&e| shown[e]).unwrap_or(n);
+        if end - k < MIN_ELIDED {
+            shown[k..end].iter_mut().for_each(|s| *s = true);
+        }
+        k = end;
+    }
+    shown
+}
+
 /// The line of `def NAME` (or `class NAME`) for the function `qualname`
 /// whose first sampled line is `first`: the nearest one above it (within
 /// 500 lines), else None. `<module>` starts at line 1.
@@ -368,6 +409,26 @@ mod tests {
         assert_eq!(def_line(&src, "<module>", 1), Some(1));
         assert_eq!(def_line(&src, "workers", 7), None);
         assert_eq!(def_line(&src, "gone", 99), None);
+    }
+
+    #[test]
+    fn long_runs_without_samples_are_elided_short_ones_kept() {
+        let runs = |v: Vec<bool>| {
+            let mut out = Vec::new();
+            for (k, s) in v.iter().enumerate() {
+                if k == 0 || v[k - 1] != *s {
+                    out.push((k + 1, *s));
+                }
+            }
+            out
+        };
+        // A hot line at 100 of 300: 88-112 shown, the rest elided.
+        assert_eq!(runs(shown_lines(300, [100].into_iter())), [(1, false), (88, true), (113, false)]);
+        // Two hot lines 40 apart: the 15 lines between their contexts are kept.
+        assert_eq!(runs(shown_lines(300, [100, 140].into_iter())), [(1, false), (88, true), (153, false)]);
+        // A small file is shown whole; anchors outside it are ignored.
+        assert_eq!(runs(shown_lines(30, [3, 0, 99].into_iter())), [(1, true)]);
+        assert_eq!(runs(shown_lines(5, [].into_iter())), [(1, true)]);
     }
 
     #[test]
