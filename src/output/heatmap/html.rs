@@ -98,11 +98,11 @@ table{border-collapse:collapse}.index td,.index th,.native td,.native th{padding
 .index td.n,.native td.n,.index th.n,.native th.n{text-align:right}
 .src{width:100%;font:12.5px/1.45 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 .src td{padding:0 .5em;vertical-align:top;white-space:pre;tab-size:8}
-.src td.n{text-align:right;color:#444;min-width:3.5em}.src td.no{text-align:right;color:#999;user-select:none;border-right:1px solid #ddd}
+.src td.n{text-align:right;color:#444;min-width:3.5em}.src td.no{text-align:right;color:#888;user-select:none;border-right:1px solid #ddd;background:#fff}
 .src td.code{width:100%}.src td.calls{color:#555;font-family:system-ui,sans-serif;font-size:12px}
 .src tr.fn td{background:#eef3fb;color:#234;font-family:system-ui,sans-serif;white-space:normal;padding:.25em .5em;border-top:1px solid #cbd6ea}
 .src tr.gap td{color:#999;font-style:italic}
-:target{outline:2px solid #36c}.hide-cold .src tr.cold{display:none}
+tr:target{outline:2px solid #36c}.hide-cold .src tr.cold{display:none}
 button{font:inherit;border:1px solid #aaa;background:#f4f4f4;border-radius:3px;padding:0 .6em}button.on{background:#ffd7c2;border-color:#e08050}
 a{color:#1a4fb0;text-decoration:none}a:hover{text-decoration:underline}
 "#;
