@@ -114,7 +114,7 @@ fn bad_input_is_one_line_and_a_non_zero_exit() {
         (vec![collapsed.as_str(), "-o", &out("b.svg")], "not a pyprof JSON profile"),
         (vec![other.as_str(), "-o", &out("c.svg")], "not a pyprof JSON profile"),
         (vec![newer.as_str(), "-o", &out("d.svg")], "newer"),
-        (vec![cut.as_str(), "-o", &out("e.svg")], "pyprof JSON profile"),
+        (vec![cut.as_str(), "-o", &out("e.svg")], "corrupt pyprof JSON profile (truncated?)"),
         (vec![good.as_str(), "-o", &out("f.png")], "cannot tell the format"),
         (vec![good.as_str(), "-o", &out("g.svg"), "--format", "png"], "png"),
         (vec![good.as_str(), "-o", &out("h.html"), "--source-root", "/nonexistent-root"], "--source-root"),

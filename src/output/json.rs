@@ -52,7 +52,16 @@ pub fn read(bytes: &[u8]) -> anyhow::Result<Profile> {
         format: Option<String>,
         version: Option<u32>,
     }
-    let head: Head = serde_json::from_slice(bytes).map_err(|e| anyhow::anyhow!("not a pyprof JSON profile: {e}"))?;
+    let head: Head = serde_json::from_slice(bytes).map_err(|e| {
+        // A file that names itself a pyprof profile but does not parse was
+        // cut short or damaged: say so rather than "not a profile".
+        let start = String::from_utf8_lossy(&bytes[..bytes.len().min(256)]).into_owned();
+        if start.contains(&format!("\"{FORMAT_NAME}\"")) {
+            anyhow::anyhow!("corrupt pyprof JSON profile (truncated?): {e}")
+        } else {
+            anyhow::anyhow!("not a pyprof JSON profile: {e}")
+        }
+    })?;
     if head.format.as_deref() != Some(FORMAT_NAME) {
         anyhow::bail!("not a pyprof JSON profile (format is {:?})", head.format.unwrap_or_default());
     }
@@ -95,6 +104,8 @@ mod tests {
         assert!(read(older.as_bytes()).unwrap_err().to_string().contains("version 0"));
         assert!(read(b"{}").is_err());
         assert!(read(b"garbage").is_err());
+        let cut = &text.as_bytes()[..text.len() / 2];
+        assert!(read(cut).unwrap_err().to_string().starts_with("corrupt pyprof JSON profile (truncated?): "));
     }
 
     /// A profile with a task chain and a collection on top of it.
