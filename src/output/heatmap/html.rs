@@ -220,6 +220,9 @@ impl Page<'_> {
             f.total,
             esc(&f.path)
         );
+        if f.lines.iter().any(|l| l.line == 0) {
+            h.push_str("<p class=\"note\">The profile has no line numbers (recorded with --function): counts are per function, in the function headers; the line marked ? holds them all.</p>\n");
+        }
         let lines = match &src.source {
             Ok(s) => {
                 if s.lossy {
@@ -286,7 +289,9 @@ impl Page<'_> {
             .iter()
             .map(|(at, n)| {
                 let path = &self.counts.files[at.file].path;
-                format!("<a href=\"#f{}-L{}\">{}:{}</a> ({n})", at.file, at.line, esc(&self.short(path)), at.line)
+                // Line 0: a profile without lines (`--function`).
+                let line = if at.line == 0 { String::new() } else { format!(":{}", at.line) };
+                format!("<a href=\"#f{}-L{}\">{}{line}</a> ({n})", at.file, at.line, esc(&self.short(path)))
             })
             .collect();
         let called = if callers.is_empty() { String::new() } else { format!(" · called from {}", callers.join(", ")) };
@@ -367,14 +372,18 @@ fn shown_lines(n: usize, anchors: impl Iterator<Item = u32>) -> Vec<bool> {
 
 /// The line of `def NAME` (or `class NAME`) for the function `qualname`
 /// whose first sampled line is `first`: the nearest one above it (within
-/// 500 lines), else None. `<module>` starts at line 1.
+/// 500 lines), else None. `<module>` starts at line 1. A profile without
+/// lines (`--function`, `first` 0) takes the last such line of the file.
 fn def_line(lines: &[&str], qualname: &str, first: u32) -> Option<u32> {
     if qualname == "<module>" {
         return Some(1);
     }
     let name = qualname.rsplit('.').next().unwrap_or(qualname);
-    let last = (first as usize).min(lines.len());
-    (last.saturating_sub(500)..last).rev().find_map(|k| {
+    let (lo, last) = match first {
+        0 => (0, lines.len()),
+        _ => ((first as usize).min(lines.len()).saturating_sub(500), (first as usize).min(lines.len())),
+    };
+    (lo..last).rev().find_map(|k| {
         let t = lines[k].trim_start();
         let t = t.strip_prefix("async ").unwrap_or(t);
         let rest = t.strip_prefix("def ").or_else(|| t.strip_prefix("class "))?;
@@ -409,6 +418,7 @@ mod tests {
         assert_eq!(def_line(&src, "<module>", 1), Some(1));
         assert_eq!(def_line(&src, "workers", 7), None);
         assert_eq!(def_line(&src, "gone", 99), None);
+        assert_eq!(def_line(&src, "work", 0), Some(6));
     }
 
     #[test]
