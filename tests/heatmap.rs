@@ -5,7 +5,8 @@
 //! are the ones the JSON profile gives, every link lands on an element of
 //! the page, and the script runs without error. `record --format heatmap`
 //! on a chroot target (sid-3.15) shows the chroot's own copy of the script,
-//! read through the target's root after it exited. A module modified after
+//! read through the target's root after it exited (launched), or while it
+//! runs (attached by pid). A module modified after
 //! the target started is flagged, and a file gone by the time of the report
 //! still has its line counts.
 //!
@@ -218,6 +219,17 @@ fn record_heatmap_of_a_chroot_target_reads_the_chroots_own_source() {
     assert!(hot.code.contains("# line A") && hot.own > 0, "{hot:?}");
     assert!(!page.contains("Source not shown: cannot read"), "{}", html.display());
     assert_links_resolve(&page);
+
+    // Attached by pid (not launched) the same: the target's root is held from attach.
+    let target = py.spawn("heat_lines.py", &["30"]);
+    let html = dir.join("pid.html");
+    let pid = target.pid().to_string();
+    run_ok(&["record", "-r", "200", "-q", "-d", "1.5", "--pid", &pid, "-o", html.to_str().unwrap()]);
+    drop(target);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains(&format!("Sources read from /proc/{pid}/root.")), "{}", html.display());
+    assert!(page.contains("heat-lines marker: &lt;this comment &amp; its &quot;quotes&quot;&gt;"), "{}", html.display());
+    assert!(rows(&page).iter().any(|r| r.file == "/tmp/pyprof-test-scripts/heatpkg/spin.py" && r.line == a && r.own > 0), "{}", html.display());
 }
 
 #[test]
