@@ -185,6 +185,17 @@ fn heatmap_of_a_recorded_profile_renders_in_chromium_with_exact_counts() {
     // Source text is shown, escaped (the DOM holds it as text).
     assert!(dom.contains("heat-lines marker: &lt;this comment &amp; its \"quotes\"&gt; must show"), "\n{}", context());
     assert!(!dom.contains("changed since the process started"), "nothing changed\n{}", context());
+
+    // The script shades by total when asked: the lines on every stack are then the darkest.
+    let (dom, stderr) = chromium(&exe, &dir, "heat-total", &["--dump-dom"], &format!("file://{}?shade=total", html.display()));
+    assert!(script_errors(&stderr).is_empty(), "{stderr}");
+    assert!(dom.contains("data-shade=\"total\" class=\"on\""), "the total button is not on");
+    let shown = rows(&dom);
+    let darkest = shown.iter().map(|r| r.shade).fold(0.0, f64::max);
+    let max_total = shown.iter().map(|r| r.total).max().unwrap();
+    assert!(shown.iter().filter(|r| r.shade == darkest).all(|r| r.total == max_total), "{shown:#?}");
+    assert!(shown.iter().filter(|r| r.total == max_total).all(|r| r.shade == darkest), "{shown:#?}");
+    assert!(shown.iter().all(|r| r.shade > 0.0), "a sampled line unshaded by total: {shown:#?}");
     println!("rendered {}", html.display());
 }
 

@@ -6,7 +6,8 @@
 //! function's header, `m{N}` a native module. Each sampled line's row
 //! carries `data-own` and `data-total`; its shade (an inline style, so the
 //! page is shaded without its script) is its own samples over the hottest
-//! line's, and the script only re-shades by total on request.
+//! line's, and the script only re-shades by total on request (the button,
+//! or `?shade=total` in the URL).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -129,6 +130,9 @@ const SCRIPT: &str = r#"
   });
   var cold = document.getElementById('hide-cold');
   cold.addEventListener('change', function () { document.body.classList.toggle('hide-cold', cold.checked); });
+  // `?shade=total` in the URL: open shaded by total (a link can say how to look).
+  var asked = /[?&]shade=(own|total)\b/.exec(location.search);
+  if (asked) shade(asked[1]);
   document.body.setAttribute('data-ready', 'yes');
 })();
 "#;
