@@ -145,10 +145,12 @@ class Target:
     answers no SIGUSR1, so never call snapshot() on it).
     snapshot() -> (work units done, monotonic ns)."""
 
-    def __init__(self, py, kind, arg, workdir, private_proc):
+    def __init__(self, py, kind, arg, workdir, private_proc, script_args=None):
         self.py = py
         self.private_proc = False
-        script, script_args = (SHORT_CALLS, []) if kind == "short_calls" else (TARGET_SCRIPT, [kind, str(arg)])
+        script, script_args = (SHORT_CALLS, []) if kind == "short_calls" else \
+            (os.path.join(BENCH, kind + "_target.py"), script_args) if kind in ("threads", "prefork") else \
+            (TARGET_SCRIPT, [kind, str(arg)])
         if py.chroot:
             # The script lives inside the chroot. With private_proc the target runs in
             # its own mount namespace where /proc is mounted inside the chroot, so that
@@ -943,6 +945,374 @@ def accuracy_scenario(py, profs, rates, secs, tmp, private_proc):
     return res
 
 
+# --------------------------------------------------------------------------- scale scenarios (--scale)
+#
+# The measuring half of the "scale" issue: how pyprof copes with many threads
+# (bench/threads_target.py: N threads, BUSY spinning, the rest blocked) and
+# with a pre-fork server (bench/prefork_target.py: 16 workers, one replaced
+# every second) under --subprocesses. No target throughput windows here: the
+# questions are whether every tick comes, whether it holds every thread, and
+# what the profiler pays for it.
+
+SCALE_CAP = 3.0   # a run gets SCALE_CAP x its duration, then SIGINT ("fell behind"), then SIGKILL 5 s later
+
+
+class ScaleProf:
+    """One profiler configuration of the scale scenarios: argv and output parsing."""
+
+    def __init__(self, tool, mode=None, nonblocking=False):
+        self.tool, self.mode, self.nonblocking = tool, mode, nonblocking
+        if tool == "pyprof":
+            self.name = "pyprof" + (" --mode %s" % mode if mode and mode != "wall" else "") + \
+                (" --nonblocking" if nonblocking else "")
+        else:
+            self.name = "py-spy" + (" --nonblocking" if nonblocking else "")
+
+    def command(self, pid, rate, secs, out, subprocesses):
+        secs = "%g" % secs   # py-spy takes whole seconds only ("5", not "5.0")
+        if self.tool == "pyprof":
+            cmd = [PyProf.exe, "record", "--pid", str(pid), "-r", str(rate), "-d", str(secs), "-o", out + ".json"]
+            cmd += ["--mode", self.mode] if self.mode else []
+        else:
+            # --idle: keep the blocked threads, as pyprof's wall mode does; --threads:
+            # a root per thread, so that per-thread coverage can be counted.
+            cmd = [os.path.join(TOOLS, "py-spy"), "record", "--pid", str(pid), "-r", str(rate), "-d", str(secs),
+                   "-f", "raw", "-o", out + ".txt", "--idle", "--threads"]
+        cmd += ["--nonblocking"] if self.nonblocking else []
+        return cmd + (["--subprocesses"] if subprocesses else [])
+
+    def parse(self, out, logtext):
+        """-> (per-thread sample counts {(pid, tid): n}, leaf stacks for the age
+        probe [(pid, stack of (function, file, line)), count], extra fields)."""
+        per_thread, stacks, extra = collections.Counter(), [], {}
+        if self.tool == "pyprof":
+            with open(out + ".json") as f:
+                prof = json.load(f)
+            meta = prof["meta"]
+            for s in prof["stacks"]:
+                th = prof["threads"][s["thread"]]
+                key = (th["pid"], th["native_id"])
+                per_thread[key] += s["count"]
+                stacks.append((th["pid"], [(prof["frames"][i]["function"], prof["frames"][i]["file"],
+                                            prof["frames"][i]["line"]) for i in s["frames"]], s["count"]))
+            m = re.search(r"over (\d+) ticks", logtext)
+            extra["ticks"] = int(m.group(1)) if m else None
+            extra["late"] = meta.get("late")
+            extra["skipped"] = (meta.get("errors") or {}).get("skipped_ticks", 0)
+            extra["lost"] = {k: v for k, v in (meta.get("errors") or {}).items() if k != "skipped_ticks"}
+            extra["seconds"] = meta["duration_secs"]
+            extra["start_time"] = meta.get("start_time")
+            smp = meta.get("sampling") or {}
+            for k in ("bytes_read", "threads_walked", "frames_walked"):
+                extra[k] = smp.get(k)
+            m = re.search(r"held ([\d.]+) % of the time", logtext)
+            extra["held_pct"] = float(m.group(1)) if m else None
+            m = re.search(r"([\d.]+) reads/tick", logtext)
+            extra["reads_per_tick"] = float(m.group(1)) if m else None
+        else:
+            # raw lines: [process P:"cmd";]...thread (TID): name;frame (file:line);... count.
+            # With --subprocesses the innermost "process" element is the sampled one.
+            with open(out + ".txt", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    line = line.rstrip("\n")
+                    if not line.strip():
+                        continue
+                    text, n = line.rsplit(" ", 1)
+                    parts = text.split(";")
+                    procs = [p for p in parts if re.match(r'process \d+:', p)]
+                    pid = int(re.match(r"process (\d+):", procs[-1]).group(1)) if procs else None
+                    tid = next((p for p in parts if p.startswith("thread (")), None)
+                    tid = re.match(r"thread \((\w+)\)", tid).group(1) if tid else None
+                    per_thread[(pid, tid)] += int(n)
+                    frames = []
+                    for p in parts:
+                        m = re.match(r"(.*) \((.*):(\d+)\)$", p)
+                        if m:
+                            frames.append((m.group(1), m.group(2), int(m.group(3))))
+                    stacks.append((pid, frames, int(n)))
+            behind = re.findall(r"([\d.]+)s behind in sampling", logtext)
+            if behind:
+                extra["behind_s"] = float(behind[-1])
+            m = re.search(r"Samples: (\d+) Errors: (\d+)", logtext)
+            if m and int(m.group(2)):
+                extra["lost"] = {"errors": int(m.group(2))}
+        return per_thread, stacks, extra
+
+
+def scale_run(prof, target, rate, secs, out, subprocesses=False):
+    """Run prof against target (pinned as the matrix pins it), at most SCALE_CAP x secs.
+    -> dict(log, rc, wall, cpu, maxrss_kb, fell_behind, t_start (when sampling began, monotonic))."""
+    cmd = prof.command(target.pid, rate, secs, out, subprocesses)
+    logf = LineLog(out + ".log")
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         preexec_fn=pinned(PROFILER_CPU))
+    logf.pump(p.stdout)
+    cap, fell_behind = t0 + SCALE_CAP * secs, False
+    hwm = None
+    while True:
+        pid, st, ru = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            break
+        # Peak RSS: VmHWM as last read (every 50 ms) before the exit. Not wait4's
+        # ru_maxrss: that keeps the high-water mark of the forked run.py from
+        # before exec (about 20 MB) for every child.
+        try:
+            with open("/proc/%d/status" % p.pid) as f:
+                hwm = int(next(l for l in f if l.startswith("VmHWM:")).split()[1])
+        except (OSError, StopIteration, ValueError):
+            pass
+        if time.monotonic() > cap:
+            if not fell_behind:
+                p.send_signal(signal.SIGINT)   # both write their output on Ctrl-C
+                fell_behind, cap = True, cap + 5
+            else:
+                p.kill()
+        time.sleep(0.05)
+    t_exit = time.monotonic()
+    p.stdout.close()
+    text = logf.text()
+    # py-spy keeps sampling until it has rate x secs samples however late, so its
+    # wall time is from its "Sampling process" line to its exit, as in the matrix.
+    start = logf.first("Sampling process") if prof.tool == "py-spy" else None
+    return {"log": text, "rc": os.waitstatus_to_exitcode(st), "wall": t_exit - t0, "cpu": ru.ru_utime + ru.ru_stime,
+            "maxrss_kb": hwm, "fell_behind": fell_behind,
+            "sampling_secs": (t_exit - start) if start else None}
+
+
+def thread_row(prof, py, n, rate, secs, target, tmp, seq):
+    row = {"profiler": prof.name, "python": py.label, "threads": n, "rate": rate, "duration_requested": secs}
+    out = os.path.join(tmp["host"], "scale%03d" % seq)
+    run = scale_run(prof, target, rate, secs, out)
+    row.update({"rc": run["rc"], "wall_secs": round(run["wall"], 3), "cpu_secs": round(run["cpu"], 4),
+                "peak_rss_mb": run["maxrss_kb"] / 1024.0 if run["maxrss_kb"] else None})
+    notes = ["fell behind: stopped after %.0f s" % run["wall"]] if run["fell_behind"] else []
+    try:
+        per_thread, _, extra = prof.parse(out, run["log"])
+    except Exception as e:
+        record_failure(row, dict(run, rc=run["rc"]), e)
+        return row
+    samples = sum(per_thread.values())
+    if prof.tool == "pyprof":
+        ticks, seconds = extra["ticks"], extra["seconds"]
+        scheduled = ticks + extra["skipped"] if ticks is not None else None
+        row["on_time_pct"] = 100.0 * (ticks - extra["late"]) / scheduled if scheduled else None
+        row.update({k: extra[k] for k in ("late", "skipped", "held_pct", "reads_per_tick",
+                                          "bytes_read", "threads_walked", "frames_walked")})
+    else:
+        # a py-spy tick records each thread once: its ticks are the best-covered thread's count
+        ticks = max(per_thread.values()) if per_thread else 0
+        seconds = run["sampling_secs"] or run["wall"]
+        if extra.get("behind_s"):
+            notes.append("%.1fs behind" % extra["behind_s"])
+    if extra.get("lost"):
+        row["lost"] = extra["lost"]
+    row.update({"ticks": ticks, "samples": samples, "seconds": seconds,
+                "achieved_hz": ticks / seconds if seconds and ticks is not None else None,
+                "samples_per_tick": samples / ticks if ticks else None,
+                "threads_seen": len(per_thread)})
+    if ticks and prof.mode in (None, "wall"):
+        # every thread's stack in every tick: the worst thread's share of the ticks,
+        # and all thread samples over N x ticks (threads never seen count as 0)
+        row["min_thread_cover_pct"] = 100.0 * (min(per_thread.values()) if len(per_thread) >= n else 0) / ticks
+        row["all_threads_cover_pct"] = 100.0 * samples / (n * ticks)
+    if ticks:
+        row["cpu_us_per_tick"] = run["cpu"] * 1e6 / ticks
+    if samples:
+        row["cpu_us_per_thread_sample"] = run["cpu"] * 1e6 / samples
+    if notes:
+        row["note"] = "; ".join(notes)
+    return row
+
+
+AGE_STEP, AGE_FIRST_LINE = 0.002, 2   # as in bench/prefork_target.py
+
+
+def process_rows(prof, py, rate, secs, workers, churn, tmp, seq):
+    """One recording of a fresh pre-fork target: a summary row and a row per worker."""
+    row = {"profiler": prof.name + " --subprocesses", "python": py.label, "rate": rate, "workers": workers,
+           "duration_requested": secs}
+    name = "prefork%03d.log" % seq
+    inner = os.path.join(tmp["chroot_inner"] if py.chroot else tmp["host"], name)
+    host_log = os.path.join(SID, inner.lstrip("/")) if py.chroot else inner
+    try:
+        target = Target(py, "prefork", seq, tmp, False, [str(workers), inner, str(churn)])
+    except RuntimeError as e:
+        row["note"] = str(e)[:100]
+        return row, []
+    out = os.path.join(tmp["host"], "scale%03d" % seq)
+    try:
+        time.sleep(0.3)
+        t_attach = time.time()
+        run = scale_run(prof, target, rate, secs, out, subprocesses=True)
+        t_end = time.time()
+    finally:
+        target.stop()
+    row.update({"rc": run["rc"], "wall_secs": round(run["wall"], 3), "cpu_secs": round(run["cpu"], 4),
+                "peak_rss_mb": run["maxrss_kb"] / 1024.0 if run["maxrss_kb"] else None})
+    try:
+        per_thread, stacks, extra = prof.parse(out, run["log"])
+    except Exception as e:
+        record_failure(row, run, e)
+        return row, []
+    with open(host_log) as f:
+        lives = [json.loads(l) for l in f if l.strip()]
+    # The window sampled: pyprof's meta start_time + duration; py-spy's from its
+    # "Sampling process" line to its exit (wall clock, as the target logs).
+    if prof.tool == "pyprof" and extra.get("start_time"):
+        w0, w1 = extra["start_time"], extra["start_time"] + extra["seconds"]
+    else:
+        w1 = t_end
+        w0 = t_end - (run["sampling_secs"] or run["wall"])
+    per_pid = collections.Counter()
+    for (pid, _), n in per_thread.items():
+        per_pid[pid] += n
+    # the age probe: the earliest age_ms line seen per worker = its first sample's age
+    first_age = {}
+    for pid, frames, n in stacks:
+        for fn, file, line in frames:
+            if fn == "age_ms" and file == "<age>" and line is not None:
+                age = (line - AGE_FIRST_LINE) * AGE_STEP
+                first_age[pid] = min(first_age.get(pid, age), age)
+    wrows = []
+    for w in lives:
+        end = w["end"] if w["end"] is not None else t_end
+        life0, life1 = max(w["start"], w0), min(end, w1)
+        if life1 <= life0:
+            continue   # not alive while sampled
+        born_inside = w["start"] >= w0
+        got = per_pid.get(w["pid"], 0)
+        span = life1 - life0
+        wrows.append({"pid": w["pid"], "born_while_sampled": born_inside, "sampled_secs": span,
+                      "samples": got, "rate_hz": got / span,
+                      "life_covered_pct": 100.0 * got / (span * rate),
+                      "first_sample_age_ms": first_age[w["pid"]] * 1000 if w["pid"] in first_age else None})
+    parent = per_pid.get(target.pid, 0)
+    born = [w for w in wrows if w["born_while_sampled"]]
+    row.update({
+        "seconds": w1 - w0,
+        "worker_pids_alive": len(wrows), "workers_born": len(born),
+        "workers_sampled": sum(1 for w in wrows if w["samples"]),
+        "born_sampled": sum(1 for w in born if w["samples"]),
+        "parent_hz": parent / (w1 - w0) if w1 > w0 else None,
+        "worker_hz_median": median([w["rate_hz"] for w in wrows]),
+        "worker_hz_min": min((w["rate_hz"] for w in wrows), default=None),
+        "life_covered_pct_median": median([w["life_covered_pct"] for w in wrows]),
+        "born_covered_pct_median": median([w["life_covered_pct"] for w in born]),
+        "first_sample_ms_median": median([w["first_sample_age_ms"] for w in born if w["first_sample_age_ms"] is not None]),
+        "first_sample_ms_max": max((w["first_sample_age_ms"] for w in born if w["first_sample_age_ms"] is not None), default=None),
+        "born_no_age_sample": sum(1 for w in born if w["first_sample_age_ms"] is None),
+        "cpu_us_per_sample": run["cpu"] * 1e6 / sum(per_pid.values()) if per_pid else None,
+    })
+    if prof.tool == "pyprof":
+        row.update({k: extra[k] for k in ("late", "skipped", "held_pct", "reads_per_tick", "ticks")})
+    notes = ["fell behind: stopped after %.0f s" % run["wall"]] if run["fell_behind"] else []
+    if extra.get("behind_s"):
+        notes.append("%.1fs behind" % extra["behind_s"])
+    if extra.get("lost"):
+        row["lost"] = extra["lost"]
+    if notes:
+        row["note"] = "; ".join(notes)
+    return row, wrows
+
+
+def scale(args, tmp):
+    pythons = find_pythons(args.pythons.split(","), False)
+    have_pyspy = os.path.exists(os.path.join(TOOLS, "py-spy"))
+    if not have_pyspy:
+        log("skipping py-spy: not installed under %s (scripts/setup-fixtures.sh)" % TOOLS)
+    secs = args.duration
+    rate = args.scale_rate
+    counts = [1] + [int(n) for n in args.scale_threads.split(",")]
+    thread_profs = [ScaleProf("pyprof"), ScaleProf("pyprof", "cpu"), ScaleProf("pyprof", "gil")]
+    if have_pyspy:
+        thread_profs += [ScaleProf("py-spy", nonblocking=True), ScaleProf("py-spy")]
+    rows, seq = [], 0
+    for py in ([] if args.scale_only == "processes" else pythons):
+        for n in counts:
+            try:
+                target = Target(py, "threads", n, tmp, False, [str(n), str(args.scale_busy)])
+            except RuntimeError as e:
+                log(str(e))
+                rows.append({"profiler": "-", "python": py.label, "threads": n, "note": "target failed to start"})
+                continue
+            try:
+                time.sleep(0.3)
+                for prof in thread_profs:
+                    rates = [rate]
+                    if prof.tool == "py-spy" and n >= 1000 and rate > 100:
+                        rates.append(100)   # in case 1 kHz is hopeless for it
+                    for r in rates:
+                        seq += 1
+                        log("scale: %-22s python %-4s %4d threads  %5d Hz  %gs" % (prof.name, py.label, n, r, secs))
+                        rows.append(thread_row(prof, py, n, r, secs, target, tmp, seq))
+            finally:
+                target.stop()
+    # CPU per tick against the one-thread target, same profiler, python and rate
+    ref = {(r["profiler"], r["python"], r["rate"]): r.get("cpu_us_per_tick") for r in rows if r.get("threads") == 1}
+    for r in rows:
+        base = ref.get((r["profiler"], r["python"], r.get("rate")))
+        if base and r.get("cpu_us_per_tick"):
+            r["cpu_vs_1_thread"] = r["cpu_us_per_tick"] / base
+
+    proc_rows, worker_rows = [], []
+    proc_profs = [ScaleProf("pyprof"), ScaleProf("pyprof", nonblocking=True)]
+    if have_pyspy:
+        proc_profs += [ScaleProf("py-spy"), ScaleProf("py-spy", nonblocking=True)]
+    proc_pythons = [p for p in pythons if p.label in args.scale_proc_pythons.split(",")]
+    for py in ([] if args.scale_only == "threads" else proc_pythons):
+        for r in [int(x) for x in args.scale_proc_rates.split(",")]:
+            for prof in proc_profs:
+                seq += 1
+                log("scale: %-22s python %-4s %d workers  %5d Hz  %gs" % (prof.name + " --subprocesses", py.label,
+                                                                         args.scale_workers, r, args.scale_proc_secs))
+                row, wrows = process_rows(prof, py, r, args.scale_proc_secs, args.scale_workers, 1.0, tmp, seq)
+                proc_rows.append(row)
+                for w in wrows:
+                    worker_rows.append(dict(w, profiler=row["profiler"], python=py.label, rate=r))
+    return rows, proc_rows, worker_rows
+
+
+THREAD_COLUMNS = [
+    ("profiler", "profiler", "%s"),
+    ("python", "python", "%s"),
+    ("threads", "threads", "%d"),
+    ("rate", "rate req", "%d"),
+    ("achieved_hz", "ticks/s", "%.0f"),
+    ("on_time_pct", "on time %", "%.1f"),
+    ("samples_per_tick", "samples/tick", "%.1f"),
+    ("min_thread_cover_pct", "worst thread %", "%.1f"),
+    ("all_threads_cover_pct", "all threads %", "%.1f"),
+    ("cpu_secs", "CPU s", "%.2f"),
+    ("cpu_us_per_tick", "CPU µs/tick", "%.0f"),
+    ("cpu_us_per_thread_sample", "CPU µs/thread-sample", "%.2f"),
+    ("cpu_vs_1_thread", "vs 1 thread", "%.1f"),
+    ("held_pct", "held %", "%.1f"),
+    ("peak_rss_mb", "peak RSS MB", "%.1f"),
+    ("note", "note", "%s"),
+]
+
+PROC_COLUMNS = [
+    ("profiler", "profiler", "%s"),
+    ("python", "python", "%s"),
+    ("rate", "rate req", "%d"),
+    ("seconds", "secs", "%.1f"),
+    ("worker_pids_alive", "workers", "%d"),
+    ("workers_born", "born", "%d"),
+    ("born_sampled", "born sampled", "%d"),
+    ("worker_hz_median", "worker Hz med", "%.0f"),
+    ("worker_hz_min", "worker Hz min", "%.0f"),
+    ("life_covered_pct_median", "life covered % med", "%.0f"),
+    ("first_sample_ms_median", "1st sample ms med", "%.0f"),
+    ("first_sample_ms_max", "1st sample ms max", "%.0f"),
+    ("born_no_age_sample", "born, none <0.5s", "%d"),
+    ("parent_hz", "parent Hz", "%.0f"),
+    ("cpu_secs", "CPU s", "%.2f"),
+    ("peak_rss_mb", "peak RSS MB", "%.1f"),
+    ("note", "note", "%s"),
+]
+
+
 # --------------------------------------------------------------------------- output
 
 COLUMNS = [
@@ -1307,6 +1677,18 @@ def main():
     ap.add_argument("--memory-rate", type=int, default=10000)
     ap.add_argument("--memory-stacks", type=int, default=10000)
     ap.add_argument("--memory-python", default="3.12")
+    ap.add_argument("--scale", action="store_true",
+                    help="run only the scale scenarios: many threads (bench/threads_target.py) and a pre-fork "
+                         "server under --subprocesses (bench/prefork_target.py); default 3 s per run")
+    ap.add_argument("--scale-only", choices=["threads", "processes"], help="with --scale: one of the two scenarios")
+    ap.add_argument("--scale-threads", default="10,100,1000",
+                    help="thread counts (a one-thread target is always added as the reference)")
+    ap.add_argument("--scale-busy", type=int, default=1, help="threads that spin (the rest block)")
+    ap.add_argument("--scale-rate", type=int, default=1000)
+    ap.add_argument("--scale-workers", type=int, default=16)
+    ap.add_argument("--scale-proc-rates", default="100,1000")
+    ap.add_argument("--scale-proc-secs", type=float, default=5)
+    ap.add_argument("--scale-proc-pythons", default="3.12", help="pythons of the process scenario (of --pythons)")
     ap.add_argument("--wait-load", type=float, metavar="LOAD",
                     help="first wait (30 s polls, up to 15 min) until the 1-minute load is below LOAD")
     ap.add_argument("-o", "--output", help="JSON path (default bench/results/latest.json, --memory: memory.json)")
@@ -1324,7 +1706,7 @@ def main():
     if PIN[0]:
         os.sched_setaffinity(0, {PROFILER_CPU})
     if args.duration is None:
-        args.duration = 2 if args.quick else 5
+        args.duration = 2 if args.quick else 3 if args.scale else 5
     if args.rates is None:
         args.rates = "100,1000" if args.native else "1000,10000,1000000"
     if args.duration == int(args.duration):
@@ -1341,7 +1723,26 @@ def main():
     tmp = make_workdir()
     try:
         meta["pyprof_binary"] = snapshot_pyprof(tmp)
-        if args.memory:
+        if args.scale:
+            meta["duration_per_run"] = args.duration
+            meta["scale"] = {k: getattr(args, k) for k in ("scale_threads", "scale_busy", "scale_rate", "scale_workers",
+                                                           "scale_proc_rates", "scale_proc_secs", "scale_proc_pythons")}
+            rows, proc_rows, worker_rows = scale(args, tmp)
+            meta["loadavg_end"] = list(os.getloadavg())
+            if rows:
+                print("many threads: %d busy, the rest blocked (bench/threads_target.py); CPU (wait4 rusage) and peak RSS "
+                      "(VmHWM polled every 50 ms) are the profiler's" % args.scale_busy)
+                print(table(rows, THREAD_COLUMNS))
+            if proc_rows:
+                print("\npre-fork server: %d workers, one replaced every second (bench/prefork_target.py); "
+                      "'1st sample ms' = the age of a worker born while sampled at its first sample"
+                      % args.scale_workers)
+                print(table(proc_rows, PROC_COLUMNS))
+            print("\nload average %.2f at start, %.2f at end (1 min); %d CPUs"
+                  % (meta["loadavg_start"][0], meta["loadavg_end"][0], meta["cpus"]))
+            doc = {"meta": meta, "threads": rows, "processes": proc_rows, "workers": worker_rows}
+            path = args.output or os.path.join(BENCH, "results", "scale.json")
+        elif args.memory:
             res = memory(args, tmp)
             meta["loadavg_end"] = list(os.getloadavg())
             print("pyprof memory scenario: python %s, %d Hz for %s s, %d distinct stacks requested"
