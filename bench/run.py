@@ -5,6 +5,7 @@
     python3 bench/run.py --quick         # 2 s per measurement
     python3 bench/run.py --memory        # pyprof memory scenario only (see --memory-secs)
     python3 bench/run.py --accuracy-only # the accuracy scenario only (2-3 min per python)
+    python3 bench/run.py --scale         # many threads, and a pre-fork server (only; ~9 min)
 
 Builds nothing: it needs target/release/pyprof (`cargo build --release`), and
 py-spy / Austin / the sid chroot from scripts/setup-fixtures.sh (under
@@ -36,6 +37,12 @@ event like the others' samples (the time-weighted shares are in the JSON);
 Tachyon's --collapsed output. The sleeper control takes no stacks, so its
 column is "-", as is that of a tool that failed (Austin cannot attach to 3.15:
 "Cannot determine the version of the Python interpreter").
+
+Scale scenarios (--scale, only them; see scale() below and docs/performance.md
+"Many threads, many processes"): bench/threads_target.py with 1, 10, 100, 1000
+threads (one spinning) under pyprof wall/cpu/gil and py-spy, and
+bench/prefork_target.py (16 workers, one replaced a second) under
+--subprocesses; written to bench/results/scale.json.
 
 Prints one aligned table (and the accuracy scenario's own table, with every
 share and the reference per python) and writes the same rows as JSON to
