@@ -5,7 +5,7 @@
     python3 bench/run.py --quick         # 2 s per measurement
     python3 bench/run.py --memory        # pyprof memory scenario only (see --memory-secs)
     python3 bench/run.py --accuracy-only # the accuracy scenario only (2-3 min per python)
-    python3 bench/run.py --scale         # many threads, and a pre-fork server (only; ~9 min)
+    python3 bench/run.py --scale         # many threads, and a pre-fork server (only; ~8 min)
 
 Builds nothing: it needs target/release/pyprof (`cargo build --release`), and
 py-spy / Austin / the sid chroot from scripts/setup-fixtures.sh (under
@@ -1048,7 +1048,8 @@ class ScaleProf:
 
 def scale_run(prof, target, rate, secs, out, subprocesses=False):
     """Run prof against target (pinned as the matrix pins it), at most SCALE_CAP x secs.
-    -> dict(log, rc, wall, cpu, maxrss_kb, fell_behind, t_start (when sampling began, monotonic))."""
+    -> dict(log, rc, wall, cpu, maxrss_kb, fell_behind, sampling_secs (py-spy: from its
+    "Sampling process" line to its exit))."""
     cmd = prof.command(target.pid, rate, secs, out, subprocesses)
     logf = LineLog(out + ".log")
     t0 = time.monotonic()
@@ -1150,7 +1151,6 @@ def process_rows(prof, py, rate, secs, workers, churn, tmp, seq):
     out = os.path.join(tmp["host"], "scale%03d" % seq)
     try:
         time.sleep(0.3)
-        t_attach = time.time()
         run = scale_run(prof, target, rate, secs, out, subprocesses=True)
         t_end = time.time()
     finally:
