@@ -29,6 +29,7 @@ pub mod sampler;
 pub mod session;
 pub mod stack;
 pub mod thread_filter;
+pub mod top;
 
 use cli::{Cli, Command};
 
@@ -38,5 +39,6 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Dump(args) => dump::run(&args.into_config()),
         Command::Record(args) => record::run(&args.into_config()?),
         Command::Diff(args) => diff::run(&args.into_config()?),
+        Command::Top(args) => top::run(&args.into_config()?),
     }
 }

@@ -1,0 +1,153 @@
+//! The sampler thread's side of `top`: a [`Sink`] that counts the samples
+//! since the last batch and hands the batch to the view about every
+//! [`BATCH_EVERY`] with a send that never blocks. When the view is slow and
+//! the channel full, the batch is kept and keeps growing: a slow terminal
+//! drops frames, never samples, and the sampler never waits for drawing.
+//! It also feeds the whole session's [`Aggregator`] for `-o`, which the
+//! view's reset does not touch.
+
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::profile::aggregate::Aggregator;
+use crate::sampler::{Sample, SamplerStats, Sink, StopReason};
+use crate::stack::Frame;
+
+use super::model::Counts;
+
+pub const BATCH_EVERY: Duration = Duration::from_millis(250);
+
+/// Distinct stacks one batch holds at most (a view that stopped reading
+/// would otherwise let it grow with every new stack); then "[other stacks]".
+pub const MAX_BATCH_STACKS: usize = 1 << 16;
+
+/// The samples of one thread since the last batch.
+#[derive(Debug, Default)]
+pub struct BatchThread {
+    pub pid: i32,
+    pub native_id: Option<u64>,
+    pub name: Option<String>,
+    /// Stack (innermost first) → samples.
+    pub stacks: HashMap<Vec<Frame>, u64>,
+    pub counts: Counts,
+}
+
+/// What the sampler saw since the last batch.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub threads: Vec<BatchThread>,
+    pub ticks: u64,
+    pub elapsed: Duration,
+    /// The sampler's counts since it started (rate, errors).
+    pub stats: SamplerStats,
+    /// Threads in the last snapshot.
+    pub threads_seen: usize,
+}
+
+pub enum Msg {
+    Batch(Batch),
+    /// Sampling ended; the last samples come with it.
+    End(Batch, StopReason),
+}
+
+pub struct Feed {
+    tx: SyncSender<Msg>,
+    pending: Batch,
+    stacks: usize,
+    index: HashMap<(i32, u64), usize>,
+    last_sent: Instant,
+    sent_ticks: u64,
+    sent_elapsed: Duration,
+    /// The whole session, for `-o`.
+    pub full: Option<Aggregator>,
+}
+
+impl Feed {
+    pub fn new(tx: SyncSender<Msg>, full: Option<Aggregator>) -> Feed {
+        Feed {
+            tx,
+            pending: Batch::default(),
+            stacks: 0,
+            index: HashMap::default(),
+            last_sent: Instant::now(),
+            sent_ticks: 0,
+            sent_elapsed: Duration::ZERO,
+            full,
+        }
+    }
+
+    fn take(&mut self, stats: &SamplerStats, threads: usize) -> Batch {
+        let mut b = std::mem::take(&mut self.pending);
+        b.ticks = stats.ticks - self.sent_ticks;
+        b.elapsed = stats.elapsed.saturating_sub(self.sent_elapsed);
+        b.stats = stats.clone();
+        b.threads_seen = threads;
+        b
+    }
+
+    fn sent(&mut self, stats: &SamplerStats) {
+        self.index.clear();
+        self.stacks = 0;
+        self.sent_ticks = stats.ticks;
+        self.sent_elapsed = stats.elapsed;
+        self.last_sent = Instant::now();
+    }
+
+    /// The last batch; this one may wait, sampling is over.
+    pub fn finish(mut self, stats: &SamplerStats, reason: StopReason) -> Option<Aggregator> {
+        let b = self.take(stats, 0);
+        let _ = self.tx.send(Msg::End(b, reason));
+        self.full
+    }
+}
+
+impl Sink for Feed {
+    fn add(&mut self, s: &Sample) {
+        if let Some(full) = self.full.as_mut() {
+            full.add(s.pid, s.command, s.native_id, s.name, s.frames);
+        }
+        let key = (s.pid, s.native_id.unwrap_or(0));
+        let i = match self.index.get(&key) {
+            Some(&i) => i,
+            None => {
+                let i = self.pending.threads.len();
+                self.pending.threads.push(BatchThread { pid: s.pid, native_id: s.native_id, name: s.name.map(str::to_string), ..Default::default() });
+                self.index.insert(key, i);
+                i
+            }
+        };
+        let t = &mut self.pending.threads[i];
+        t.counts.samples += 1;
+        t.counts.gil += s.holds_gil as u64;
+        t.counts.cpu += s.on_cpu as u64;
+        t.counts.gc += s.in_gc as u64;
+        if let Some(n) = t.stacks.get_mut(s.frames) {
+            *n += 1;
+        } else if self.stacks < MAX_BATCH_STACKS {
+            self.stacks += 1;
+            t.stacks.insert(s.frames.to_vec(), 1);
+        } else {
+            *t.stacks.entry(vec![Frame::python("[other stacks]", "", 0)]).or_insert(0) += 1;
+        }
+    }
+
+    fn flush(&mut self, stats: &SamplerStats, threads: usize) {
+        if self.last_sent.elapsed() < BATCH_EVERY {
+            return;
+        }
+        let b = self.take(stats, threads);
+        match self.tx.try_send(Msg::Batch(b)) {
+            Ok(()) => self.sent(stats),
+            // The view is behind: keep counting into the same batch (its
+            // tick count is taken again at the next try).
+            Err(TrySendError::Full(Msg::Batch(b)) | TrySendError::Disconnected(Msg::Batch(b))) => self.pending = b,
+            Err(_) => {}
+        }
+    }
+
+    fn wants_gil(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,188 @@
+//! What the keys do to the view's state. Only state changes here: the
+//! caller decides from the returned [`Action`] whether the model must be
+//! asked again (thread, lines, unpause, reset) or a redraw is enough.
+
+use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+
+use super::model::{RowKey, Selection, ThreadInfo};
+use super::screen::SortBy;
+
+#[derive(Debug, Clone, Default)]
+pub struct Ui {
+    pub sort: SortBy,
+    pub lines: bool,
+    pub thread: Selection,
+    pub filter: String,
+    /// Typing a filter after `/`.
+    pub typing: bool,
+    pub paused: bool,
+    /// Index into the visible rows.
+    pub selected: usize,
+    /// Callers and callees of this function are shown (Enter).
+    pub detail: Option<RowKey>,
+    /// Sampling ended: the next key quits.
+    pub ended: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Nothing,
+    Redraw,
+    /// Take a new screen from the model (a different slice of it, or unpaused).
+    Rebuild,
+    Reset,
+    Quit,
+}
+
+impl Ui {
+    /// `rows`: how many rows are visible now; `page`: how many fit on screen;
+    /// `selected`: the function of the selected row, if any.
+    pub fn key(&mut self, k: KeyEvent, threads: &[ThreadInfo], rows: usize, page: usize, selected: Option<&RowKey>) -> Action {
+        if k.kind == KeyEventKind::Release {
+            return Action::Nothing;
+        }
+        let ctrl_c = k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL);
+        if ctrl_c || self.ended {
+            return Action::Quit;
+        }
+        if self.typing {
+            return self.filter_key(k);
+        }
+        let last = rows.saturating_sub(1);
+        let page = page.max(1);
+        match k.code {
+            KeyCode::Char('q') => return Action::Quit,
+            KeyCode::Esc | KeyCode::Backspace if self.detail.is_some() => {
+                self.detail = None;
+                return Action::Rebuild;
+            }
+            KeyCode::Esc if !self.filter.is_empty() => {
+                self.filter.clear();
+                self.selected = 0;
+            }
+            KeyCode::Enter if self.detail.is_none() => match selected {
+                Some(key) => {
+                    self.detail = Some(key.function_row());
+                    return Action::Rebuild;
+                }
+                None => return Action::Nothing,
+            },
+            KeyCode::Char(c @ '1'..='6') => self.sort = SortBy::ALL[(c as u8 - b'1') as usize],
+            KeyCode::Char('s') => self.sort = self.sort.next(),
+            KeyCode::Char('/') => {
+                self.typing = true;
+                self.detail = None;
+            }
+            KeyCode::Char('p') => {
+                self.paused = !self.paused;
+                return if self.paused { Action::Redraw } else { Action::Rebuild };
+            }
+            KeyCode::Char('r') => {
+                self.selected = 0;
+                return Action::Reset;
+            }
+            KeyCode::Char('l') => {
+                self.lines = !self.lines;
+                self.selected = 0;
+                return Action::Rebuild;
+            }
+            KeyCode::Char('t') => {
+                self.thread = next_thread(self.thread, threads);
+                self.selected = 0;
+                return Action::Rebuild;
+            }
+            KeyCode::Up => self.selected = self.selected.saturating_sub(1),
+            KeyCode::Down => self.selected = (self.selected + 1).min(last),
+            KeyCode::PageUp => self.selected = self.selected.saturating_sub(page),
+            KeyCode::PageDown => self.selected = (self.selected + page).min(last),
+            KeyCode::Home => self.selected = 0,
+            KeyCode::End => self.selected = last,
+            _ => return Action::Nothing,
+        }
+        Action::Redraw
+    }
+
+    fn filter_key(&mut self, k: KeyEvent) -> Action {
+        match k.code {
+            KeyCode::Esc => {
+                self.filter.clear();
+                self.typing = false;
+            }
+            KeyCode::Enter => self.typing = false,
+            KeyCode::Backspace => {
+                self.filter.pop();
+            }
+            KeyCode::Char(c) => self.filter.push(c),
+            _ => return Action::Nothing,
+        }
+        self.selected = 0;
+        Action::Redraw
+    }
+
+    /// Keep the selection on a row after the rows changed.
+    pub fn clamp(&mut self, rows: usize) {
+        self.selected = self.selected.min(rows.saturating_sub(1));
+    }
+}
+
+/// All threads, then each thread in the order first seen, then all again.
+fn next_thread(cur: Selection, threads: &[ThreadInfo]) -> Selection {
+    let pos = threads.iter().position(|t| t.selection() == cur);
+    match (cur, pos) {
+        (Selection::All, _) | (_, None) => threads.first().map(ThreadInfo::selection).unwrap_or(Selection::All),
+        (_, Some(i)) => threads.get(i + 1).map(ThreadInfo::selection).unwrap_or(Selection::All),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn press(ui: &mut Ui, code: KeyCode, threads: &[ThreadInfo]) -> Action {
+        ui.key(KeyEvent::new(code, KeyModifiers::NONE), threads, 10, 5, None)
+    }
+
+    #[test]
+    fn thread_pick_cycles_through_all() {
+        let threads: Vec<ThreadInfo> = (1..=2).map(|i| ThreadInfo { pid: 9, native_id: Some(i), ..Default::default() }).collect();
+        let mut ui = Ui::default();
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            assert_eq!(press(&mut ui, KeyCode::Char('t'), &threads), Action::Rebuild);
+            seen.push(ui.thread);
+        }
+        assert_eq!(seen, [Selection::Thread(9, 1), Selection::Thread(9, 2), Selection::All]);
+    }
+
+    #[test]
+    fn filter_typing_and_escape() {
+        let mut ui = Ui::default();
+        press(&mut ui, KeyCode::Char('/'), &[]);
+        for c in "thi".chars() {
+            press(&mut ui, KeyCode::Char(c), &[]);
+        }
+        // While typing, 'q' is part of the filter, not quit.
+        assert_eq!(press(&mut ui, KeyCode::Char('q'), &[]), Action::Redraw);
+        assert_eq!(ui.filter, "thiq");
+        press(&mut ui, KeyCode::Backspace, &[]);
+        press(&mut ui, KeyCode::Enter, &[]);
+        assert_eq!((ui.filter.as_str(), ui.typing), ("thi", false));
+        press(&mut ui, KeyCode::Esc, &[]);
+        assert!(ui.filter.is_empty());
+        assert_eq!(press(&mut ui, KeyCode::Char('q'), &[]), Action::Quit);
+    }
+
+    #[test]
+    fn moving_stays_in_the_rows() {
+        let mut ui = Ui::default();
+        press(&mut ui, KeyCode::End, &[]);
+        assert_eq!(ui.selected, 9);
+        press(&mut ui, KeyCode::PageDown, &[]);
+        assert_eq!(ui.selected, 9);
+        press(&mut ui, KeyCode::PageUp, &[]);
+        assert_eq!(ui.selected, 4);
+        press(&mut ui, KeyCode::Home, &[]);
+        press(&mut ui, KeyCode::Up, &[]);
+        assert_eq!(ui.selected, 0);
+    }
+}

@@ -1,0 +1,137 @@
+//! Drawing one [`Screen`] with ratatui: the header, the rows (or one
+//! function's callers and callees) and the key line. Columns that do not
+//! fit are left out (trend, then times) rather than squeezed; a terminal
+//! smaller than [`MIN_WIDTH`]×[`MIN_HEIGHT`] gets one line saying so.
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState};
+
+use super::keys::Ui;
+use super::model::{Related, TREND_LEN};
+use super::screen::{About, Screen, SortBy};
+
+pub const MIN_WIDTH: u16 = 40;
+pub const MIN_HEIGHT: u16 = 8;
+pub const TOO_SMALL: &str = "terminal too small";
+
+const HEADER_LINES: u16 = 3;
+
+/// Rows that fit in the table at this terminal size (for PgUp/PgDn).
+pub fn page(area: Rect) -> usize {
+    // Header, the table's column line, the key line.
+    area.height.saturating_sub(HEADER_LINES + 2) as usize
+}
+
+/// `ended`: why sampling stopped, once it has.
+pub fn draw(f: &mut Frame, about: &About, screen: &Screen, ui: &Ui, ended: Option<&str>) {
+    let area = f.area();
+    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
+        let msg = format!("{TOO_SMALL} ({}x{}, need {MIN_WIDTH}x{MIN_HEIGHT})", area.width, area.height);
+        f.render_widget(Paragraph::new(msg), Rect { height: area.height.min(1), ..area });
+        return;
+    }
+    let [head, body, keys] = Layout::vertical([Constraint::Length(HEADER_LINES), Constraint::Min(1), Constraint::Length(1)]).areas(area);
+    header(f, head, about, screen, ui, ended);
+    match &screen.detail {
+        Some(_) if ui.detail.is_some() => detail(f, body, about, screen),
+        _ => table(f, body, about, screen, ui),
+    }
+    let help = if ui.typing {
+        format!("filter: {}▏  (Enter keeps it, Esc clears)", ui.filter)
+    } else if ended.is_some() {
+        "press any key to quit".to_string()
+    } else if ui.detail.is_some() {
+        "Esc/Backspace back · q quit".to_string()
+    } else {
+        "q quit · 1-6/s sort · l lines · t thread · / filter · p pause · r reset · Enter callers/callees · ↑↓ PgUp PgDn Home End".to_string()
+    };
+    f.render_widget(Paragraph::new(help).style(Style::new().add_modifier(Modifier::REVERSED)), keys);
+}
+
+fn header(f: &mut Frame, area: Rect, about: &About, s: &Screen, ui: &Ui, ended: Option<&str>) {
+    let mut third = vec![Span::raw(format!(
+        "thread: {} · {} · sort: {} ▼",
+        s.thread_label,
+        if s.lines { "by line" } else { "by function" },
+        ui.sort.name(),
+    ))];
+    if !ui.filter.is_empty() {
+        third.push(Span::raw(format!(" · filter: {}", ui.filter)));
+    }
+    if ui.paused {
+        third.push(Span::styled(" · PAUSED", Style::new().fg(Color::Yellow).add_modifier(Modifier::BOLD)));
+    }
+    let mut first = vec![Span::styled("pyprof top ", Style::new().add_modifier(Modifier::BOLD)), Span::raw(s.target_text(about))];
+    if let Some(why) = ended {
+        first.insert(1, Span::styled(format!("{why} "), Style::new().fg(Color::White).bg(Color::Red).add_modifier(Modifier::BOLD)));
+    }
+    let lines = vec![Line::from(first), Line::from(format!("{} · errors: {} · %: of ticks, 100 = one thread all the time", s.shares_text(about), s.errors_text())), Line::from(third)];
+    f.render_widget(Paragraph::new(lines), area);
+}
+
+fn table(f: &mut Frame, area: Rect, about: &About, s: &Screen, ui: &Ui) {
+    // Which columns fit: the function name keeps at least 20 cells.
+    let times = area.width >= 70;
+    let trend = area.width >= 100;
+    let mut cols: Vec<(SortBy, &str, u16)> = vec![(SortBy::Own, "OWN%", 6), (SortBy::Total, "TOTAL%", 6)];
+    if times {
+        cols.push((SortBy::OwnTime, "OWN s", 8));
+        cols.push((SortBy::TotalTime, "TOTAL s", 8));
+    }
+    if trend {
+        cols.push((SortBy::Trend, "TREND", TREND_LEN as u16));
+    }
+    cols.push((SortBy::Name, "FUNCTION", 0));
+    let head = Row::new(cols.iter().map(|&(by, name, _)| {
+        let mark = if by == ui.sort { "▼" } else { "" };
+        Cell::from(format!("{name}{mark}"))
+    }))
+    .style(Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED));
+    let visible = s.visible(ui.sort, &ui.filter);
+    let rows = visible.iter().map(|r| {
+        let mut cells = vec![Cell::from(format!("{:6.1}", s.pct(r.own))), Cell::from(format!("{:6.1}", s.pct(r.total)))];
+        if times {
+            cells.push(Cell::from(format!("{:8.2}", s.secs(r.own))));
+            cells.push(Cell::from(format!("{:8.2}", s.secs(r.total))));
+        }
+        if trend {
+            cells.push(Cell::from(s.sparkline(r)).style(Style::new().fg(Color::Cyan)));
+        }
+        cells.push(Cell::from(s.label(about, &r.key)));
+        Row::new(cells)
+    });
+    let widths = cols.iter().map(|&(_, _, w)| if w == 0 { Constraint::Min(10) } else { Constraint::Length(w) });
+    let table = Table::new(rows, widths).header(head).row_highlight_style(Style::new().add_modifier(Modifier::REVERSED)).highlight_symbol(">");
+    let mut state = TableState::default();
+    if !visible.is_empty() {
+        state.select(Some(ui.selected.min(visible.len() - 1)));
+    }
+    f.render_stateful_widget(table, area, &mut state);
+}
+
+fn detail(f: &mut Frame, area: Rect, about: &About, s: &Screen) {
+    let Some(d) = &s.detail else { return };
+    let [title, callers, callees] = Layout::vertical([Constraint::Length(1), Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
+    f.render_widget(
+        Paragraph::new(Line::from(vec![
+            Span::styled(s.label(about, &d.key), Style::new().add_modifier(Modifier::BOLD)),
+            Span::raw(format!(" · own {:.1}% · total {:.1}%", s.pct(d.own), s.pct(d.total))),
+        ])),
+        title,
+    );
+    related(f, callers, about, s, "CALLERS (calls of it on the stack, % of ticks)", &d.callers);
+    related(f, callees, about, s, "CALLEES (what it called, % of ticks)", &d.callees);
+}
+
+fn related(f: &mut Frame, area: Rect, about: &About, s: &Screen, title: &str, list: &[Related]) {
+    let head = Row::new([Cell::from("SHARE%"), Cell::from(title.to_string())]).style(Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED));
+    let rows: Vec<Row> = if list.is_empty() {
+        vec![Row::new([Cell::from(""), Cell::from("(none)")])]
+    } else {
+        list.iter().map(|r| Row::new([Cell::from(format!("{:6.1}", s.pct(r.samples))), Cell::from(s.label(about, &r.key))])).collect()
+    };
+    f.render_widget(Table::new(rows, [Constraint::Length(6), Constraint::Min(10)]).header(head), area);
+}
