@@ -1,0 +1,335 @@
+//! `pyprof top` end to end: the live view driven in a real terminal (tmux:
+//! keys in, screen captured), the plain tables and `-o` without a terminal,
+//! a launched command, and bad input.
+//!
+//! These run on pyenv-3.12 and sid-3.15 only, not the whole matrix: the
+//! view's code is the same for every version (the sampler under it is
+//! tested on all of them by tests/record.rs), and each tmux run takes about
+//! half a minute, so two interpreters (a shared-libpython build and a
+//! chroot one with the newest frame layout) keep CI time down.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use pyprof::profile::model::Profile;
+
+const LABELS: [&str; 2] = ["pyenv-3.12", "sid-3.15"];
+
+/// One at a time: the shares are measured, and two spinning targets on two
+/// cores would measure the machine's contention.
+static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn chosen() -> Vec<Interpreter> {
+    interpreters().into_iter().filter(|i| LABELS.contains(&i.label.as_str())).collect()
+}
+
+fn each(f: impl Fn(&Interpreter)) {
+    let mut failures = Vec::new();
+    for py in chosen() {
+        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&py))) {
+            let msg = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+            failures.push(format!("[{}] {msg}", py.label));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A tmux server of our own (its own socket), killed on drop.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn available() -> bool {
+        Command::new("tmux").arg("-V").output().is_ok_and(|o| o.status.success())
+    }
+
+    /// A 120x40 terminal running `shell_cmd`.
+    fn start(tag: &str, shell_cmd: &str) -> Tmux {
+        let socket = format!("pyprof-top-{}-{tag}", std::process::id());
+        let t = Tmux { socket };
+        t.run(&["new-session", "-d", "-x", "120", "-y", "40", "-s", "top", shell_cmd]);
+        t
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let out = Command::new("tmux").arg("-L").arg(&self.socket).args(args).output().expect("run tmux");
+        assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn screen(&self) -> String {
+        self.run(&["capture-pane", "-p", "-t", "top"])
+    }
+
+    /// Keys one by one, with time for the view to take each (an Esc
+    /// followed at once by a key reads as Alt+key).
+    fn keys(&self, keys: &[&str]) {
+        for k in keys {
+            self.run(&["send-keys", "-t", "top", k]);
+            std::thread::sleep(Duration::from_millis(if *k == "Escape" { 400 } else { 80 }));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    fn resize(&self, w: u16, h: u16) {
+        self.run(&["resize-window", "-t", "top", "-x", &w.to_string(), "-y", &h.to_string()]);
+    }
+
+    /// The screen once `ok` holds for it; fails with the last screen after `limit`.
+    fn wait_for(&self, what: &str, limit: Duration, ok: impl Fn(&str) -> bool) -> String {
+        let end = Instant::now() + limit;
+        loop {
+            let s = self.screen();
+            if ok(&s) {
+                return s;
+            }
+            assert!(Instant::now() < end, "waited {limit:?} for {what}; the screen:\n{s}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").arg("-L").arg(&self.socket).arg("kill-server").output();
+    }
+}
+
+/// The table's rows: the lines between the column line and the key line.
+fn rows(screen: &str) -> Vec<&str> {
+    let lines: Vec<&str> = screen.lines().collect();
+    let Some(head) = lines.iter().position(|l| l.contains("OWN%") && l.contains("FUNCTION")) else { return Vec::new() };
+    lines[head + 1..].iter().copied().filter(|l| !l.trim().is_empty() && !l.starts_with("q quit")).collect()
+}
+
+/// The row of function `name` (its label starts with "name (").
+fn row<'a>(screen: &'a str, name: &str) -> Option<(usize, &'a str)> {
+    let label = format!(" {name} (");
+    rows(screen).into_iter().enumerate().find(|(_, l)| l.contains(&label))
+}
+
+/// The own % of `name`: the first number of its row.
+fn own(screen: &str, name: &str) -> Option<f64> {
+    let (_, line) = row(screen, name)?;
+    line.split_whitespace().find_map(|t| t.trim_start_matches('>').parse::<f64>().ok())
+}
+
+fn shares_near_60_30_10(screen: &str) -> bool {
+    match (own(screen, "sixty"), own(screen, "thirty"), own(screen, "ten")) {
+        (Some(a), Some(b), Some(c)) => (a - 60.0).abs() <= 3.0 && (b - 30.0).abs() <= 3.0 && (c - 10.0).abs() <= 3.0,
+        _ => false,
+    }
+}
+
+fn elapsed(screen: &str) -> f64 {
+    // "... · 12.3 s · command"
+    screen.lines().next().unwrap_or("").split(" · ").find_map(|p| p.strip_suffix(" s").and_then(|n| n.trim().parse().ok())).unwrap_or(0.0)
+}
+
+/// Every key of the view, on a live target, in a real terminal.
+#[test]
+fn live_view_in_a_terminal() {
+    if !Tmux::available() {
+        assert!(!in_ci(), "tmux is missing (scripts/setup-fixtures.sh installs it)");
+        skipped("tmux missing: the live view was not driven");
+        return;
+    }
+    let _serial = heavy();
+    each(|py| {
+        let target = py.spawn("top_split.py", &[]);
+        let dir = temp_dir("top-live");
+        let rc = dir.join("rc");
+        let stty = dir.join("stty");
+        let cmd = format!(
+            "{} top --pid {} --rate 1000; echo $? > {}; stty -a > {}; sleep 600",
+            pyprof_bin(),
+            target.pid(),
+            rc.display(),
+            stty.display()
+        );
+        let tmux = Tmux::start(&py.label.replace('.', "_"), &cmd);
+        let exited = || rc.exists();
+
+        // The split, once a few seconds of samples are in (1000 Hz: ~5000 ticks).
+        let s = tmux.wait_for("5 s of samples", Duration::from_secs(30), |s| elapsed(s) >= 5.0 && row(s, "ten").is_some());
+        let s = if shares_near_60_30_10(&s) { s } else { tmux.wait_for("shares 60/30/10 within 3 points", Duration::from_secs(10), shares_near_60_30_10) };
+        let (a, b, c) = (row(&s, "sixty").unwrap().0, row(&s, "thirty").unwrap().0, row(&s, "ten").unwrap().0);
+        assert!(a < b && b < c, "rows not in own order sixty > thirty > ten:\n{s}");
+        eprintln!("[{}] own %: sixty {:?} thirty {:?} ten {:?}", py.label, own(&s, "sixty"), own(&s, "thirty"), own(&s, "ten"));
+        assert!(s.contains("sort: own %"), "{s}");
+
+        // Sort by name: the mark moves and ten comes before thirty.
+        tmux.keys(&["6"]);
+        let s = tmux.screen();
+        assert!(s.contains("sort: name") && s.contains("FUNCTION▼") && !s.contains("OWN%▼"), "{s}");
+        let (a, b, c) = (row(&s, "sixty").unwrap().0, row(&s, "thirty").unwrap().0, row(&s, "ten").unwrap().0);
+        assert!(a < c && c < b, "rows not by name (sixty, ten, thirty):\n{s}");
+        tmux.keys(&["1"]);
+
+        // Filter: only rows whose function or file has "thirty".
+        tmux.keys(&["/", "t", "h", "i", "r", "t", "y", "Enter"]);
+        let s = tmux.screen();
+        let shown = rows(&s);
+        assert!(!shown.is_empty() && shown.iter().all(|l| l.contains("thirty")), "filter left other rows:\n{s}");
+        tmux.keys(&["Escape"]);
+        assert!(row(&tmux.screen(), "sixty").is_some(), "Esc did not clear the filter:\n{}", tmux.screen());
+
+        // Thread pick: the idler shows its function, not the main thread's.
+        let mut s = tmux.screen();
+        for _ in 0..4 {
+            if s.contains("thread: idler") {
+                break;
+            }
+            tmux.keys(&["t"]);
+            s = tmux.screen();
+        }
+        assert!(s.contains("thread: idler"), "t never picked the idler:\n{s}");
+        assert!(row(&s, "idle").is_some() && row(&s, "sixty").is_none(), "the idler's view:\n{s}");
+        for _ in 0..4 {
+            if s.contains("thread: all") {
+                break;
+            }
+            tmux.keys(&["t"]);
+            s = tmux.screen();
+        }
+        assert!(s.contains("thread: all"), "t never came back to all threads:\n{s}");
+
+        // Enter on sixty: its caller is main, it calls nothing.
+        tmux.keys(&["/", "s", "i", "x", "t", "y", "Enter", "Enter"]);
+        let s = tmux.screen();
+        let callers = s.lines().skip_while(|l| !l.contains("CALLERS")).nth(1).unwrap_or("");
+        assert!(callers.contains("main ("), "callers of sixty:\n{s}");
+        let callees = s.lines().skip_while(|l| !l.contains("CALLEES")).nth(1).unwrap_or("");
+        assert!(callees.contains("(none)"), "callees of sixty:\n{s}");
+        tmux.keys(&["Escape"]);
+        assert!(tmux.screen().contains("OWN%"), "Esc did not leave the callers view:\n{}", tmux.screen());
+        tmux.keys(&["Escape"]);
+
+        // Pause: the screen freezes while sampling goes on; unpaused, it moves.
+        tmux.keys(&["p"]);
+        std::thread::sleep(Duration::from_millis(1500));
+        let frozen = tmux.screen();
+        std::thread::sleep(Duration::from_millis(2500));
+        assert!(frozen.contains("PAUSED"), "{frozen}");
+        assert_eq!(frozen, tmux.screen(), "the paused view changed");
+        tmux.keys(&["p"]);
+        std::thread::sleep(Duration::from_millis(2500));
+        let moving = tmux.screen();
+        assert!(!moving.contains("PAUSED") && elapsed(&moving) > elapsed(&frozen) + 1.5, "not moving after unpause:\n{frozen}\n---\n{moving}");
+
+        // Too small: one line, no panic; back to size, back to the table.
+        tmux.resize(20, 5);
+        tmux.wait_for("the too-small message", Duration::from_secs(5), |s| s.starts_with("terminal too small"));
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(!exited(), "pyprof ended at 20x5");
+        tmux.resize(120, 40);
+        tmux.wait_for("the table again", Duration::from_secs(5), |s| row(s, "sixty").is_some());
+
+        // The target exits: said in the header, and the view stays.
+        drop(target);
+        let s = tmux.wait_for("target exited", Duration::from_secs(10), |s| s.contains("target exited"));
+        assert!(row(&s, "sixty").is_some(), "the last data is gone:\n{s}");
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(!exited(), "pyprof did not wait for a key after the target exited");
+
+        // q: exit status 0 and the terminal back in cooked mode.
+        tmux.keys(&["q"]);
+        let end = Instant::now() + Duration::from_secs(10);
+        while !exited() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let code = std::fs::read_to_string(&rc).unwrap_or_else(|_| panic!("pyprof still runs after q:\n{}", tmux.screen()));
+        assert_eq!(code.trim(), "0", "exit status");
+        let modes = std::fs::read_to_string(&stty).unwrap();
+        let words: Vec<&str> = modes.split_whitespace().collect();
+        assert!(words.contains(&"icanon") && words.contains(&"echo"), "terminal left raw: {modes}");
+        let s = tmux.screen();
+        assert!(!s.contains("OWN%"), "still on the alternate screen:\n{s}");
+    });
+}
+
+fn read_profile(path: &Path) -> Profile {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    pyprof::output::json::read(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn inclusive(p: &Profile, name: &str) -> u64 {
+    p.stacks.iter().filter(|s| s.frames.iter().any(|&f| p.frames[f as usize].function == name)).map(|s| s.count).sum()
+}
+
+fn top(args: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new(pyprof_bin());
+    cmd.arg("top").args(args).env_remove("PYPROF_RUNTIME_METHOD");
+    let out = output_within(cmd, Duration::from_secs(60));
+    assert_ne!(out.status.code(), Some(101), "panic: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// Without a terminal: a table per second on stdout and the whole session in -o.
+#[test]
+fn plain_tables_and_the_whole_profile_without_a_terminal() {
+    let _serial = heavy();
+    each(|py| {
+        let target = py.spawn("top_split.py", &[]);
+        let dir = temp_dir("top-plain");
+        let out_path: PathBuf = dir.join("prof.json");
+        let pid = target.pid().to_string();
+        let out = top(&["--pid", &pid, "--rate", "1000", "--duration", "3", "-o", out_path.to_str().unwrap()]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+        let tables = stdout.lines().filter(|l| l.starts_with("pyprof top · ")).count();
+        assert!((3..=5).contains(&tables), "{tables} tables in 3 s:\n{stdout}");
+        assert!(stdout.lines().any(|l| l.ends_with("duration reached")), "{stdout}");
+        let last = stdout.rsplit("pyprof top · ").next().unwrap();
+        let at = |name: &str| last.lines().position(|l| l.contains(&format!(" {name} ("))).unwrap_or_else(|| panic!("no {name} in:\n{last}"));
+        assert!(at("sixty") < at("thirty") && at("thirty") < at("ten"), "not by own share:\n{last}");
+
+        let p = read_profile(&out_path);
+        let (a, b, c) = (inclusive(&p, "sixty"), inclusive(&p, "thirty"), inclusive(&p, "ten"));
+        let total = (a + b + c) as f64;
+        assert!(total >= 1500.0, "only {total} samples");
+        let share = |x: u64| 100.0 * x as f64 / total;
+        eprintln!("[{}] -o shares: sixty {:.1} thirty {:.1} ten {:.1} of {total}", py.label, share(a), share(b), share(c));
+        for (got, want, name) in [(share(a), 60.0, "sixty"), (share(b), 30.0, "thirty"), (share(c), 10.0, "ten")] {
+            assert!((got - want).abs() <= 3.0, "{name}: {got:.1}% (want {want}%) of {total}");
+        }
+        assert_eq!(p.meta.stop_reason, "duration reached");
+    });
+}
+
+/// `top -- CMD`: sampled from its start, ended with it, its exit code passed on.
+#[test]
+fn a_launched_command_ends_top_with_its_exit_code() {
+    let _serial = heavy();
+    each(|py| {
+        let mut args = vec!["--"];
+        let argv = py.argv("top_split.py", &["2"]);
+        args.extend(argv.iter().map(String::as_str));
+        let out = top(&args);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.lines().any(|l| l.starts_with("pyprof top · ") && l.ends_with("target exited")), "{stdout}");
+        assert!(stdout.contains("sixty ("), "{stdout}");
+    });
+}
+
+#[test]
+fn bad_input_is_one_line() {
+    let out = top(&["--pid", "999999999"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    let out = top(&[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pyprof top"), "{}", String::from_utf8_lossy(&out.stderr));
+}
