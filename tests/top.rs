@@ -149,13 +149,7 @@ fn live_view_in_a_terminal() {
         let dir = temp_dir("top-live");
         let rc = dir.join("rc");
         let stty = dir.join("stty");
-        let cmd = format!(
-            "{} top --pid {} --rate 1000; echo $? > {}; stty -a > {}; sleep 600",
-            pyprof_bin(),
-            target.pid(),
-            rc.display(),
-            stty.display()
-        );
+        let cmd = format!("{} top --pid {} --rate 1000; echo $? > {}; stty -a > {}; sleep 600", pyprof_bin(), target.pid(), rc.display(), stty.display());
         let tmux = Tmux::start(&py.label.replace('.', "_"), &cmd);
         let exited = || rc.exists();
 

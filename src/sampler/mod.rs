@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::profile::aggregate::Aggregator;
-use crate::stack::Frame;
 use crate::session::{Session, SnapshotNeeds};
+use crate::stack::Frame;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -248,7 +248,8 @@ pub fn run(
     progress: &mut dyn Progress,
     mut discover: Option<&mut dyn Discover>,
 ) -> (SamplerStats, StopReason) {
-    let needs = SnapshotNeeds { gil: cfg.mode == Mode::Gil || sink.wants_gil(), on_cpu: cfg.mode == Mode::Cpu, names: true, stop_running_only: cfg.mode == Mode::Cpu };
+    let needs =
+        SnapshotNeeds { gil: cfg.mode == Mode::Gil || sink.wants_gil(), on_cpu: cfg.mode == Mode::Cpu, names: true, stop_running_only: cfg.mode == Mode::Cpu };
     let mut stats = SamplerStats::default();
     note_gc_frames(sessions, &mut stats);
     let mut timer = timer::Timer::new(Duration::from_secs_f64(1.0 / cfg.rate_hz));

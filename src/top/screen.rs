@@ -148,7 +148,9 @@ impl Screen {
                 SortBy::Trend => last(b).cmp(&last(a)),
                 SortBy::Name => a.key.function.cmp(&b.key.function),
             };
-            by.then_with(|| b.own.cmp(&a.own)).then_with(|| b.total.cmp(&a.total)).then_with(|| (&a.key.function, &a.key.file, a.key.line).cmp(&(&b.key.function, &b.key.file, b.key.line)))
+            by.then_with(|| b.own.cmp(&a.own))
+                .then_with(|| b.total.cmp(&a.total))
+                .then_with(|| (&a.key.function, &a.key.file, a.key.line).cmp(&(&b.key.function, &b.key.file, b.key.line)))
         });
         v
     }

@@ -33,7 +33,8 @@ pub fn run(rx: Receiver<Msg>, about: &About, refresh: Duration) -> anyhow::Resul
     let mut cpu_share = None;
     let mut reason: Option<StopReason> = None;
     let mut ended: Option<String> = None;
-    let build = |model: &Model, ui: &Ui, stats: &SamplerStats, cpu: Option<f64>| Screen::build(model, ui.thread, ui.lines, stats, cpu, refresh, ui.detail.as_ref());
+    let build =
+        |model: &Model, ui: &Ui, stats: &SamplerStats, cpu: Option<f64>| Screen::build(model, ui.thread, ui.lines, stats, cpu, refresh, ui.detail.as_ref());
     let mut screen = Screen::default();
     let mut next = Instant::now() + refresh;
     let mut dirty = true;

@@ -52,12 +52,7 @@ pub fn draw(f: &mut Frame, about: &About, screen: &Screen, ui: &Ui, ended: Optio
 }
 
 fn header(f: &mut Frame, area: Rect, about: &About, s: &Screen, ui: &Ui, ended: Option<&str>) {
-    let mut third = vec![Span::raw(format!(
-        "thread: {} · {} · sort: {} ▼",
-        s.thread_label,
-        if s.lines { "by line" } else { "by function" },
-        ui.sort.name(),
-    ))];
+    let mut third = vec![Span::raw(format!("thread: {} · {} · sort: {} ▼", s.thread_label, if s.lines { "by line" } else { "by function" }, ui.sort.name(),))];
     if !ui.filter.is_empty() {
         third.push(Span::raw(format!(" · filter: {}", ui.filter)));
     }
@@ -68,7 +63,11 @@ fn header(f: &mut Frame, area: Rect, about: &About, s: &Screen, ui: &Ui, ended: 
     if let Some(why) = ended {
         first.insert(1, Span::styled(format!("{why} "), Style::new().fg(Color::White).bg(Color::Red).add_modifier(Modifier::BOLD)));
     }
-    let lines = vec![Line::from(first), Line::from(format!("{} · errors: {} · %: of ticks, 100 = one thread all the time", s.shares_text(about), s.errors_text())), Line::from(third)];
+    let lines = vec![
+        Line::from(first),
+        Line::from(format!("{} · errors: {} · %: of ticks, 100 = one thread all the time", s.shares_text(about), s.errors_text())),
+        Line::from(third),
+    ];
     f.render_widget(Paragraph::new(lines), area);
 }
 
