@@ -58,6 +58,7 @@ pub struct Feed {
     stacks: usize,
     index: HashMap<(i32, u64), usize>,
     last_sent: Instant,
+    every: Duration,
     sent_ticks: u64,
     sent_elapsed: Duration,
     /// The whole session, for `-o`.
@@ -72,6 +73,7 @@ impl Feed {
             stacks: 0,
             index: HashMap::default(),
             last_sent: Instant::now(),
+            every: BATCH_EVERY,
             sent_ticks: 0,
             sent_elapsed: Duration::ZERO,
             full,
@@ -134,7 +136,7 @@ impl Sink for Feed {
     }
 
     fn flush(&mut self, stats: &SamplerStats, threads: usize) {
-        if self.last_sent.elapsed() < BATCH_EVERY {
+        if self.last_sent.elapsed() < self.every {
             return;
         }
         let b = self.take(stats, threads);
@@ -149,5 +151,62 @@ impl Sink for Feed {
 
     fn wants_gil(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc::sync_channel;
+
+    use super::*;
+
+    fn sample(frames: &[Frame], gil: bool) -> Sample<'_> {
+        Sample { pid: 1, command: "python", native_id: Some(7), name: Some("main"), frames, holds_gil: gil, on_cpu: false, in_gc: false }
+    }
+
+    fn stats(ticks: u64) -> SamplerStats {
+        SamplerStats { ticks, elapsed: Duration::from_millis(ticks * 10), ..Default::default() }
+    }
+
+    /// A view that reads nothing fills the channel; the sampler neither
+    /// blocks nor loses a sample: they wait in the batch it keeps.
+    #[test]
+    fn a_full_channel_keeps_samples_in_the_pending_batch() {
+        let (tx, rx) = sync_channel(1);
+        let mut feed = Feed::new(tx, Some(Aggregator::new(Default::default())));
+        feed.every = Duration::ZERO;
+        let a = [Frame::python("a", "x.py", 1)];
+        let b = [Frame::python("b", "x.py", 2), Frame::python("a", "x.py", 1)];
+        for tick in 1..=10u64 {
+            feed.add(&sample(&a, true));
+            feed.add(&sample(&b, false));
+            // Returns at once even though nobody reads after the first batch.
+            feed.flush(&stats(tick), 1);
+        }
+        let mut msgs: Vec<Msg> = rx.try_iter().collect();
+        assert_eq!(msgs.len(), 1, "the channel holds one batch");
+        // The last batch may wait for room: the view reads it.
+        let full = feed.finish(&stats(10), StopReason::Duration).unwrap();
+        assert_eq!(full.samples, 20);
+        msgs.extend(rx.try_iter());
+        let mut samples = 0;
+        let mut gil = 0;
+        let mut ticks = 0;
+        let mut ends = 0;
+        for msg in msgs {
+            let b = match msg {
+                Msg::Batch(b) => b,
+                Msg::End(b, _) => {
+                    ends += 1;
+                    b
+                }
+            };
+            ticks += b.ticks;
+            for t in &b.threads {
+                samples += t.stacks.values().sum::<u64>();
+                gil += t.counts.gil;
+            }
+        }
+        assert_eq!((samples, gil, ticks, ends), (20, 10, 10, 1));
     }
 }

@@ -134,3 +134,52 @@ fn related(f: &mut Frame, area: Rect, about: &About, s: &Screen, title: &str, li
     };
     f.render_widget(Table::new(rows, [Constraint::Length(6), Constraint::Min(10)]).header(head), area);
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use ratatui::Terminal;
+    use ratatui::backend::TestBackend;
+
+    use super::*;
+    use crate::sampler::SamplerStats;
+    use crate::stack::Frame;
+    use crate::top::feed::{Batch, BatchThread};
+    use crate::top::model::{Model, RowKey, Selection};
+
+    fn screen(detail: bool) -> (Screen, Ui) {
+        let mut m = Model::new();
+        let mut t = BatchThread { pid: 1, native_id: Some(1), name: Some("main".into()), ..Default::default() };
+        let long = "a_function_name_long_enough_to_be_cut_anywhere_".repeat(4);
+        t.stacks.insert(vec![Frame::python(&long, "/very/long/path/to/some/module.py", 12), Frame::python("main", "app.py", 3)], 70);
+        t.stacks.insert(vec![Frame::python("main", "app.py", 4)], 30);
+        m.ingest(&Batch { threads: vec![t], ticks: 100, elapsed: Duration::from_secs(1), ..Default::default() });
+        let key = RowKey::of(&Frame::python("main", "app.py", 3), false);
+        let ui = Ui { detail: detail.then(|| key.clone()), paused: true, filter: "m".into(), ..Default::default() };
+        let s = Screen::build(&m, Selection::All, false, &SamplerStats::default(), Some(99.0), Duration::from_secs(1), ui.detail.as_ref());
+        (s, ui)
+    }
+
+    /// Every size from 1x1 up draws without a panic (no u16 underflow, no
+    /// layout that cannot be met), and small ones say they are too small.
+    #[test]
+    fn every_terminal_size_draws() {
+        let about = About { pid: 1, command: "python app.py".into(), python_version: "3.12.1".into(), ..Default::default() };
+        for detail in [false, true] {
+            let (s, ui) = screen(detail);
+            for w in 1..=130u16 {
+                for h in 1..=45u16 {
+                    let mut term = Terminal::new(TestBackend::new(w, h)).unwrap();
+                    term.draw(|f| draw(f, &about, &s, &ui, Some("target exited"))).unwrap();
+                    let first: String = term.backend().buffer().content().iter().take(w as usize).map(|c| c.symbol()).collect();
+                    if w < MIN_WIDTH || h < MIN_HEIGHT {
+                        assert!(TOO_SMALL.starts_with(first.trim_end()) || first.starts_with(TOO_SMALL), "{w}x{h}: {first:?}");
+                    } else {
+                        assert!(first.starts_with("pyprof top"), "{w}x{h}: {first:?}");
+                    }
+                }
+            }
+        }
+    }
+}
