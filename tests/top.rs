@@ -149,7 +149,15 @@ fn live_view_in_a_terminal() {
         let dir = temp_dir("top-live");
         let rc = dir.join("rc");
         let stty = dir.join("stty");
-        let cmd = format!("{} top --pid {} --rate 1000; echo $? > {}; stty -a > {}; sleep 600", pyprof_bin(), target.pid(), rc.display(), stty.display());
+        let whole = dir.join("whole.json");
+        let cmd = format!(
+            "{} top --pid {} --rate 1000 -o {}; echo $? > {}; stty -a > {}; sleep 600",
+            pyprof_bin(),
+            target.pid(),
+            whole.display(),
+            rc.display(),
+            stty.display()
+        );
         let tmux = Tmux::start(&py.label.replace('.', "_"), &cmd);
         let exited = || rc.exists();
 
@@ -220,6 +228,20 @@ fn live_view_in_a_terminal() {
         let moving = tmux.screen();
         assert!(!moving.contains("PAUSED") && elapsed(&moving) > elapsed(&frozen) + 1.5, "not moving after unpause:\n{frozen}\n---\n{moving}");
 
+        // l: a row per line.
+        tmux.keys(&["l"]);
+        let s = tmux.screen();
+        assert!(s.contains("by line") && rows(&s).iter().any(|l| l.contains(" sixty (") && l.contains("top_split.py:")), "l shows no line rows:\n{s}");
+        tmux.keys(&["l"]);
+        assert!(tmux.screen().contains("by function"), "{}", tmux.screen());
+
+        // r: the view starts over (-o keeps the whole session: checked at the end).
+        let before = elapsed(&tmux.screen());
+        tmux.keys(&["r"]);
+        let s = tmux.screen();
+        assert!(elapsed(&s) < 1.5 && before >= 5.0, "r did not start over ({before} s before):\n{s}");
+        tmux.wait_for("sixty after the reset", Duration::from_secs(10), |s| row(s, "sixty").is_some());
+
         // Too small: one line, no panic; back to size, back to the table.
         tmux.resize(20, 5);
         tmux.wait_for("the too-small message", Duration::from_secs(5), |s| s.starts_with("terminal too small"));
@@ -249,6 +271,17 @@ fn live_view_in_a_terminal() {
         assert!(words.contains(&"icanon") && words.contains(&"echo"), "terminal left raw: {modes}");
         let s = tmux.screen();
         assert!(!s.contains("OWN%"), "still on the alternate screen:\n{s}");
+
+        // -o: the whole session, from before the reset too.
+        let p = read_profile(&whole);
+        assert!(p.meta.duration_secs >= before + 1.0, "-o covers {} s, the view had {before} s before its reset", p.meta.duration_secs);
+        let (a, b, c) = (inclusive(&p, "sixty"), inclusive(&p, "thirty"), inclusive(&p, "ten"));
+        let total = (a + b + c) as f64;
+        let share = |x: u64| 100.0 * x as f64 / total;
+        eprintln!("[{}] -o shares: sixty {:.1} thirty {:.1} ten {:.1} of {total}", py.label, share(a), share(b), share(c));
+        for (got, want, name) in [(share(a), 60.0, "sixty"), (share(b), 30.0, "thirty"), (share(c), 10.0, "ten")] {
+            assert!((got - want).abs() <= 3.0, "{name}: {got:.1}% (want {want}%) of {total}");
+        }
     });
 }
 

@@ -102,6 +102,16 @@ pub fn run(cfg: &TopConfig) -> anyhow::Result<i32> {
     }
 }
 
+/// The processes whose CPU use the header gives: the target and, with
+/// `--subprocesses`, the children that have been sampled.
+fn pids(model: &model::Model, target: i32) -> Vec<i32> {
+    let mut v = model.pids();
+    if !v.contains(&target) {
+        v.push(target);
+    }
+    v
+}
+
 /// Where the profile goes when `-o` is not given (it is then not written).
 pub fn unused_output() -> PathBuf {
     PathBuf::from("/dev/null")

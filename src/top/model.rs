@@ -206,6 +206,14 @@ impl Model {
         &self.threads
     }
 
+    /// The processes seen since the reset.
+    pub fn pids(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = self.threads.iter().map(|t| t.pid).filter(|&p| p > 0).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     pub fn distinct_rows(&self) -> usize {
         self.rows.len()
     }

@@ -14,8 +14,8 @@ use crate::sampler::{SamplerStats, StopReason};
 pub fn run(rx: Receiver<Msg>, about: &About, rows: usize, refresh: Duration) -> anyhow::Result<Option<StopReason>> {
     let mut model = Model::new();
     let mut stats = SamplerStats::default();
-    let mut cpu = CpuMeter::new(about.pid);
-    cpu.sample();
+    let mut cpu = CpuMeter::new();
+    cpu.sample(&[about.pid]);
     let mut next = Instant::now() + refresh;
     let out = std::io::stdout();
     loop {
@@ -35,7 +35,7 @@ pub fn run(rx: Receiver<Msg>, about: &About, rows: usize, refresh: Duration) -> 
             Err(RecvTimeoutError::Disconnected) => Some(None),
         };
         if ended.is_some() || Instant::now() >= next {
-            let screen = Screen::build(&model, Selection::All, false, &stats, cpu.sample(), refresh, None);
+            let screen = Screen::build(&model, Selection::All, false, &stats, cpu.sample(&super::pids(&model, about.pid)), refresh, None);
             let mut w = out.lock();
             // A closed pipe (`| head`) ends the output, not the sampling's clean end.
             let _ = write!(w, "{}", table(&screen, about, rows, ended.flatten()));

@@ -77,7 +77,7 @@ pub struct Screen {
     pub threads: usize,
     pub thread_label: String,
     pub lines: bool,
-    /// Of the target's main process, in % of one core, over the last refresh.
+    /// Of the target (and its sampled children), in % of one core, over the last refresh.
     pub cpu: Option<f64>,
     pub errors: BTreeMap<String, u64>,
     pub overflowed: u64,

@@ -28,8 +28,8 @@ pub fn run(rx: Receiver<Msg>, about: &About, refresh: Duration) -> anyhow::Resul
     let mut model = Model::new();
     let mut ui = Ui::default();
     let mut stats = SamplerStats::default();
-    let mut cpu = CpuMeter::new(about.pid);
-    cpu.sample();
+    let mut cpu = CpuMeter::new();
+    cpu.sample(&[about.pid]);
     let mut cpu_share = None;
     let mut reason: Option<StopReason> = None;
     let mut ended: Option<String> = None;
@@ -78,7 +78,7 @@ pub fn run(rx: Receiver<Msg>, about: &About, refresh: Duration) -> anyhow::Resul
         }
         let now = Instant::now();
         if now >= next && ended.is_none() {
-            cpu_share = cpu.sample();
+            cpu_share = cpu.sample(&super::pids(&model, about.pid));
             if !ui.paused {
                 screen = build(&model, &ui, &stats, cpu_share);
                 dirty = true;
