@@ -185,25 +185,26 @@ fn live_view_in_a_terminal() {
         tmux.keys(&["Escape"]);
         assert!(row(&tmux.screen(), "sixty").is_some(), "Esc did not clear the filter:\n{}", tmux.screen());
 
-        // Thread pick: the idler shows its function, not the main thread's.
+        // Thread pick: t lists the threads; the idler shows its function, not the main thread's.
+        tmux.keys(&["t"]);
         let mut s = tmux.screen();
-        for _ in 0..4 {
-            if s.contains("thread: idler") {
+        assert!(s.contains("all threads (2)") && s.contains("idler ("), "the picker:\n{s}");
+        let chosen = |s: &str| s.lines().find(|l| l.starts_with('>')).unwrap_or("").to_string();
+        for _ in 0..3 {
+            if chosen(&s).contains("idler") {
                 break;
             }
-            tmux.keys(&["t"]);
+            tmux.keys(&["Down"]);
             s = tmux.screen();
         }
-        assert!(s.contains("thread: idler"), "t never picked the idler:\n{s}");
+        assert!(chosen(&s).contains("idler"), "Down never reached the idler:\n{s}");
+        tmux.keys(&["Enter"]);
+        let s = tmux.screen();
+        assert!(s.contains("thread: idler"), "Enter did not pick the idler:\n{s}");
         assert!(row(&s, "idle").is_some() && row(&s, "sixty").is_none(), "the idler's view:\n{s}");
-        for _ in 0..4 {
-            if s.contains("thread: all") {
-                break;
-            }
-            tmux.keys(&["t"]);
-            s = tmux.screen();
-        }
-        assert!(s.contains("thread: all"), "t never came back to all threads:\n{s}");
+        tmux.keys(&["t", "Home", "Enter"]);
+        let s = tmux.screen();
+        assert!(s.contains("thread: all") && row(&s, "sixty").is_some(), "t Home Enter did not come back to all threads:\n{s}");
 
         // Enter on sixty: its caller is main, it calls nothing.
         tmux.keys(&["/", "s", "i", "x", "t", "y", "Enter", "Enter"]);

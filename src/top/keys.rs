@@ -22,6 +22,8 @@ pub struct Ui {
     pub detail: Option<RowKey>,
     /// Sampling ended: the next key quits.
     pub ended: bool,
+    /// The thread picker is open at this entry (0: all threads, i: the i-th thread).
+    pub picking: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +49,9 @@ impl Ui {
         }
         if self.typing {
             return self.filter_key(k);
+        }
+        if let Some(at) = self.picking {
+            return self.pick_key(k, at, threads);
         }
         let last = rows.saturating_sub(1);
         let page = page.max(1);
@@ -87,9 +92,8 @@ impl Ui {
                 return Action::Rebuild;
             }
             KeyCode::Char('t') => {
-                self.thread = next_thread(self.thread, threads);
-                self.selected = 0;
-                return Action::Rebuild;
+                let at = threads.iter().position(|t| t.selection() == self.thread).map_or(0, |i| i + 1);
+                self.picking = Some(at);
             }
             KeyCode::Up => self.selected = self.selected.saturating_sub(1),
             KeyCode::Down => self.selected = (self.selected + 1).min(last),
@@ -99,6 +103,35 @@ impl Ui {
             KeyCode::End => self.selected = last,
             _ => return Action::Nothing,
         }
+        Action::Redraw
+    }
+
+    /// Keys while the thread picker is open: move, Enter picks, Esc or t closes.
+    fn pick_key(&mut self, k: KeyEvent, at: usize, threads: &[ThreadInfo]) -> Action {
+        let last = threads.len();
+        let at = match k.code {
+            KeyCode::Char('q') => return Action::Quit,
+            KeyCode::Esc | KeyCode::Char('t') | KeyCode::Backspace => {
+                self.picking = None;
+                return Action::Redraw;
+            }
+            KeyCode::Enter => {
+                self.picking = None;
+                self.thread = match at {
+                    0 => Selection::All,
+                    i => threads.get(i - 1).map_or(Selection::All, ThreadInfo::selection),
+                };
+                self.selected = 0;
+                self.detail = None;
+                return Action::Rebuild;
+            }
+            KeyCode::Up => at.saturating_sub(1),
+            KeyCode::Down => (at + 1).min(last),
+            KeyCode::PageUp | KeyCode::Home => 0,
+            KeyCode::PageDown | KeyCode::End => last,
+            _ => return Action::Nothing,
+        };
+        self.picking = Some(at.min(last));
         Action::Redraw
     }
 
@@ -125,15 +158,6 @@ impl Ui {
     }
 }
 
-/// All threads, then each thread in the order first seen, then all again.
-fn next_thread(cur: Selection, threads: &[ThreadInfo]) -> Selection {
-    let pos = threads.iter().position(|t| t.selection() == cur);
-    match (cur, pos) {
-        (Selection::All, _) | (_, None) => threads.first().map(ThreadInfo::selection).unwrap_or(Selection::All),
-        (_, Some(i)) => threads.get(i + 1).map(ThreadInfo::selection).unwrap_or(Selection::All),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,15 +167,28 @@ mod tests {
     }
 
     #[test]
-    fn thread_pick_cycles_through_all() {
+    fn thread_picker_picks_and_cancels() {
         let threads: Vec<ThreadInfo> = (1..=2).map(|i| ThreadInfo { pid: 9, native_id: Some(i), ..Default::default() }).collect();
         let mut ui = Ui::default();
-        let mut seen = Vec::new();
-        for _ in 0..3 {
-            assert_eq!(press(&mut ui, KeyCode::Char('t'), &threads), Action::Rebuild);
-            seen.push(ui.thread);
+        assert_eq!(press(&mut ui, KeyCode::Char('t'), &threads), Action::Redraw);
+        assert_eq!(ui.picking, Some(0));
+        for _ in 0..5 {
+            press(&mut ui, KeyCode::Down, &threads);
         }
-        assert_eq!(seen, [Selection::Thread(9, 1), Selection::Thread(9, 2), Selection::All]);
+        assert_eq!(ui.picking, Some(2));
+        press(&mut ui, KeyCode::Up, &threads);
+        assert_eq!(press(&mut ui, KeyCode::Enter, &threads), Action::Rebuild);
+        assert_eq!((ui.thread, ui.picking), (Selection::Thread(9, 1), None));
+        // Opens at the thread shown; Esc leaves it as it was.
+        press(&mut ui, KeyCode::Char('t'), &threads);
+        assert_eq!(ui.picking, Some(1));
+        press(&mut ui, KeyCode::Home, &threads);
+        assert_eq!(press(&mut ui, KeyCode::Esc, &threads), Action::Redraw);
+        assert_eq!((ui.thread, ui.picking), (Selection::Thread(9, 1), None));
+        press(&mut ui, KeyCode::Char('t'), &threads);
+        press(&mut ui, KeyCode::Home, &threads);
+        press(&mut ui, KeyCode::Enter, &threads);
+        assert_eq!(ui.thread, Selection::All);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::model::{Counts, Model, Related, Row, RowKey, Selection, TREND_LEN};
+use super::model::{Counts, Model, Related, Row, RowKey, Selection, TREND_LEN, ThreadInfo};
 use crate::sampler::{Mode, SamplerStats};
 
 /// What the header says of the target (taken at attach).
@@ -75,6 +75,8 @@ pub struct Screen {
     pub trend_full: f64,
     pub achieved_hz: f64,
     pub threads: usize,
+    /// For the thread picker, in the order first seen.
+    pub thread_list: Vec<ThreadInfo>,
     pub thread_label: String,
     pub lines: bool,
     /// Of the target (and its sampled children), in % of one core, over the last refresh.
@@ -112,6 +114,7 @@ impl Screen {
             trend_full: (rate * refresh.as_secs_f64()).max(1.0),
             achieved_hz: rate,
             threads: model.threads().len(),
+            thread_list: model.threads().to_vec(),
             thread_label,
             lines,
             cpu,

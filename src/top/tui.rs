@@ -100,7 +100,7 @@ pub fn run(rx: Receiver<Msg>, about: &About, refresh: Duration) -> anyhow::Resul
                 let size = guard.term.size()?;
                 let page = view::page(Rect::new(0, 0, size.width, size.height));
                 let n = visible.len();
-                match ui.key(k, model.threads(), n, page, selected.as_ref()) {
+                match ui.key(k, &screen.thread_list, n, page, selected.as_ref()) {
                     Action::Quit => break,
                     Action::Nothing => {}
                     Action::Redraw => dirty = true,

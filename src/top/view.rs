@@ -36,11 +36,14 @@ pub fn draw(f: &mut Frame, about: &About, screen: &Screen, ui: &Ui, ended: Optio
     let [head, body, keys] = Layout::vertical([Constraint::Length(HEADER_LINES), Constraint::Min(1), Constraint::Length(1)]).areas(area);
     header(f, head, about, screen, ui, ended);
     match &screen.detail {
+        _ if ui.picking.is_some() => picker(f, body, screen, ui),
         Some(_) if ui.detail.is_some() => detail(f, body, about, screen),
         _ => table(f, body, about, screen, ui),
     }
     let help = if ui.typing {
         format!("filter: {}▏  (Enter keeps it, Esc clears)", ui.filter)
+    } else if ui.picking.is_some() && ended.is_none() {
+        "↑↓ choose · Enter show this thread · Esc back".to_string()
     } else if ended.is_some() {
         "press any key to quit".to_string()
     } else if ui.detail.is_some() {
@@ -111,6 +114,25 @@ fn table(f: &mut Frame, area: Rect, about: &About, s: &Screen, ui: &Ui) {
     f.render_stateful_widget(table, area, &mut state);
 }
 
+/// All threads, then each with its share of ticks (sampled with a Python stack).
+fn picker(f: &mut Frame, area: Rect, s: &Screen, ui: &Ui) {
+    let head =
+        Row::new([Cell::from("SAMPLED%"), Cell::from("THREAD (pick with Enter)")]).style(Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED));
+    let mut rows = vec![Row::new([Cell::from(""), Cell::from(format!("all threads ({})", s.thread_list.len()))])];
+    let several = s.thread_list.iter().any(|t| t.pid != s.thread_list[0].pid);
+    rows.extend(s.thread_list.iter().map(|t| {
+        let label = if several { format!("{} in {}", t.label(), t.pid) } else { t.label() };
+        Row::new([Cell::from(format!("{:8.1}", s.pct(t.counts.samples))), Cell::from(label)])
+    }));
+    let table = Table::new(rows, [Constraint::Length(8), Constraint::Min(10)])
+        .header(head)
+        .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED))
+        .highlight_symbol(">");
+    let mut state = TableState::default();
+    state.select(ui.picking.map(|i| i.min(s.thread_list.len())));
+    f.render_stateful_widget(table, area, &mut state);
+}
+
 fn detail(f: &mut Frame, area: Rect, about: &About, s: &Screen) {
     let Some(d) = &s.detail else { return };
     let [title, callers, callees] = Layout::vertical([Constraint::Length(1), Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
@@ -166,8 +188,9 @@ mod tests {
     #[test]
     fn every_terminal_size_draws() {
         let about = About { pid: 1, command: "python app.py".into(), python_version: "3.12.1".into(), ..Default::default() };
-        for detail in [false, true] {
-            let (s, ui) = screen(detail);
+        for (detail, picking) in [(false, false), (true, false), (false, true)] {
+            let (s, mut ui) = screen(detail);
+            ui.picking = picking.then_some(1);
             for w in 1..=130u16 {
                 for h in 1..=45u16 {
                     let mut term = Terminal::new(TestBackend::new(w, h)).unwrap();
