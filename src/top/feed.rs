@@ -19,9 +19,10 @@ use super::model::Counts;
 
 pub const BATCH_EVERY: Duration = Duration::from_millis(250);
 
-/// Distinct stacks one batch holds at most (a view that stopped reading
-/// would otherwise let it grow with every new stack); then "[other stacks]".
-pub const MAX_BATCH_STACKS: usize = 1 << 16;
+/// Frames of distinct stacks one batch holds at most (a view that stopped
+/// reading would otherwise let it grow with every new stack): about 40 MiB;
+/// then new stacks are counted as "[other stacks]".
+pub const MAX_BATCH_FRAMES: usize = 1 << 20;
 
 /// The samples of one thread since the last batch.
 #[derive(Debug, Default)]
@@ -55,7 +56,8 @@ pub enum Msg {
 pub struct Feed {
     tx: SyncSender<Msg>,
     pending: Batch,
-    stacks: usize,
+    /// Frames held in `pending`'s stacks.
+    frames: usize,
     index: HashMap<(i32, u64), usize>,
     last_sent: Instant,
     every: Duration,
@@ -70,7 +72,7 @@ impl Feed {
         Feed {
             tx,
             pending: Batch::default(),
-            stacks: 0,
+            frames: 0,
             index: HashMap::default(),
             last_sent: Instant::now(),
             every: BATCH_EVERY,
@@ -91,7 +93,7 @@ impl Feed {
 
     fn sent(&mut self, stats: &SamplerStats) {
         self.index.clear();
-        self.stacks = 0;
+        self.frames = 0;
         self.sent_ticks = stats.ticks;
         self.sent_elapsed = stats.elapsed;
         self.last_sent = Instant::now();
@@ -127,8 +129,8 @@ impl Sink for Feed {
         t.counts.gc += s.in_gc as u64;
         if let Some(n) = t.stacks.get_mut(s.frames) {
             *n += 1;
-        } else if self.stacks < MAX_BATCH_STACKS {
-            self.stacks += 1;
+        } else if self.frames + s.frames.len() <= MAX_BATCH_FRAMES {
+            self.frames += s.frames.len();
             t.stacks.insert(s.frames.to_vec(), 1);
         } else {
             *t.stacks.entry(vec![Frame::python("[other stacks]", "", 0)]).or_insert(0) += 1;

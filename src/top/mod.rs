@@ -18,8 +18,6 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
-use anyhow::anyhow;
-
 use crate::profile::aggregate::Aggregator;
 use crate::record::{RecordConfig, RecordTarget, children::ChildFinder, launch, output::PendingOutput, summary};
 use crate::sampler::{self, Discover};
@@ -29,6 +27,17 @@ use screen::About;
 /// Batches waiting for the view; past this the sampler keeps adding to the
 /// one it holds instead of sending (see [`feed`]).
 const CHANNEL_BATCHES: usize = 4;
+
+/// What can go wrong in `top` itself (attaching and writing fail as in `record`).
+#[derive(Debug, thiserror::Error)]
+pub enum TopError {
+    #[error("cannot use the terminal: {0}")]
+    Terminal(#[from] std::io::Error),
+    #[error("cannot start the sampling thread: {0}")]
+    Spawn(std::io::Error),
+    #[error("the sampling thread panicked")]
+    SamplerPanicked,
+}
 
 #[derive(Debug, Clone)]
 pub struct TopConfig {
@@ -79,11 +88,12 @@ pub fn run(cfg: &TopConfig) -> anyhow::Result<i32> {
         let (stats, reason) = sampler::run(&mut sessions, &sampling, &mut feed, &mut sampler::NoProgress, discover);
         let full = feed.finish(&stats, reason);
         (stats, reason, full)
-    })?;
+    });
+    let sampler = sampler.map_err(TopError::Spawn)?;
     let shown = if live { tui::run(rx, &about, cfg.refresh).map(|o| o.reason) } else { plain::run(rx, &about, cfg.rows, cfg.refresh) };
     // The view may end first (q): sampling stops with it.
     sampler::STOP.store(true, Ordering::SeqCst);
-    let (stats, reason, full) = sampler.join().map_err(|_| anyhow!("the sampling thread panicked"))?;
+    let (stats, reason, full) = sampler.join().map_err(|_| TopError::SamplerPanicked)?;
     let ended_by_itself = matches!(shown?, Some(r) if r != sampler::StopReason::Interrupted);
     if let (Some(pending), Some(agg)) = (pending, full) {
         let native = rc.attach.native.is_some();

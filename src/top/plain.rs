@@ -11,7 +11,7 @@ use super::model::{Model, Selection};
 use super::screen::{About, Screen, SortBy};
 use crate::sampler::{SamplerStats, StopReason};
 
-pub fn run(rx: Receiver<Msg>, about: &About, rows: usize, refresh: Duration) -> anyhow::Result<Option<StopReason>> {
+pub fn run(rx: Receiver<Msg>, about: &About, rows: usize, refresh: Duration) -> Result<Option<StopReason>, super::TopError> {
     let mut model = Model::new();
     let mut stats = SamplerStats::default();
     let mut cpu = CpuMeter::new();

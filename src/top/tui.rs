@@ -23,7 +23,7 @@ pub struct Outcome {
     pub reason: Option<StopReason>,
 }
 
-pub fn run(rx: Receiver<Msg>, about: &About, refresh: Duration) -> anyhow::Result<Outcome> {
+pub fn run(rx: Receiver<Msg>, about: &About, refresh: Duration) -> Result<Outcome, super::TopError> {
     let mut guard = Guard::enter()?;
     let mut model = Model::new();
     let mut ui = Ui::default();
