@@ -37,9 +37,10 @@ pub fn run(rx: Receiver<Msg>, about: &About, rows: usize, refresh: Duration) -> 
         if ended.is_some() || Instant::now() >= next {
             let screen = Screen::build(&model, Selection::All, false, &stats, cpu.sample(&super::pids(&model, about.pid)), refresh, None);
             let mut w = out.lock();
-            // A closed pipe (`| head`) ends the output, not the sampling's clean end.
-            let _ = write!(w, "{}", table(&screen, about, rows, ended.flatten()));
-            let _ = w.flush();
+            // Nobody reads any more (`| head`): stop, as top would on Ctrl-C.
+            if write!(w, "{}", table(&screen, about, rows, ended.flatten())).and_then(|_| w.flush()).is_err() {
+                return Ok(ended.flatten());
+            }
             model.end_interval();
             next += refresh;
         }
