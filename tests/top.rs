@@ -361,3 +361,65 @@ fn bad_input_is_one_line() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("pyprof top"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Ctrl-C (SIGINT) without a terminal: the last table, then -o, exit 0.
+#[test]
+fn sigint_without_a_terminal_writes_the_profile() {
+    let _serial = heavy();
+    each(|py| {
+        let target = py.spawn("top_split.py", &[]);
+        let dir = temp_dir("top-sigint");
+        let out_path = dir.join("prof.json");
+        let child = Command::new(pyprof_bin())
+            .args(["top", "--pid", &target.pid().to_string(), "-o", out_path.to_str().unwrap()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(2500));
+        // SAFETY: plain syscall on our own child.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGINT);
+        }
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.lines().any(|l| l.starts_with("pyprof top · ") && l.ends_with("interrupted")), "{stdout}");
+        let p = read_profile(&out_path);
+        assert_eq!(p.meta.stop_reason, "interrupted");
+        assert!(inclusive(&p, "sixty") > 100, "{} samples of sixty", inclusive(&p, "sixty"));
+    });
+}
+
+/// `top -- CMD` in a terminal: the command's output does not draw over the
+/// view, Ctrl-C quits at once, and the command is stopped with it.
+#[test]
+fn launched_command_in_a_terminal_and_ctrl_c() {
+    if !Tmux::available() {
+        assert!(!in_ci(), "tmux is missing (scripts/setup-fixtures.sh installs it)");
+        skipped("tmux missing: top -- CMD in a terminal was not driven");
+        return;
+    }
+    let _serial = heavy();
+    each(|py| {
+        let dir = temp_dir("top-launch");
+        let rc = dir.join("rc");
+        let argv = py.argv("top_split.py", &["60"]).join(" ");
+        let cmd = format!("{} top -- {argv}; echo $? > {}; sleep 600", pyprof_bin(), rc.display());
+        let tmux = Tmux::start(&format!("launch-{}", py.label.replace('.', "_")), &cmd);
+        let s = tmux.wait_for("sixty", Duration::from_secs(30), |s| row(s, "sixty").is_some());
+        // The script prints "ready" at its start: not on the view.
+        assert!(!s.lines().any(|l| l.trim() == "ready"), "the command's output is on the view:\n{s}");
+        tmux.keys(&["C-c"]);
+        let end = Instant::now() + Duration::from_secs(15);
+        while !rc.exists() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let code = std::fs::read_to_string(&rc).unwrap_or_else(|_| panic!("pyprof still runs after Ctrl-C:\n{}", tmux.screen()));
+        assert_eq!(code.trim(), "0");
+        // The interpreter itself, not the pane's shell whose command line names it too.
+        let still = Command::new("pgrep").args(["-f", r"^[^ ]*python3[.0-9]* [^ ]*top_split\.py 60$"]).output().unwrap();
+        assert!(String::from_utf8_lossy(&still.stdout).trim().is_empty(), "the launched command still runs");
+    });
+}
