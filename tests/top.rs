@@ -423,3 +423,38 @@ fn launched_command_in_a_terminal_and_ctrl_c() {
         assert!(String::from_utf8_lossy(&still.stdout).trim().is_empty(), "the launched command still runs");
     });
 }
+
+/// Sampling never waits on drawing: with stdout a pipe nobody reads, the
+/// tables stop (the pipe is full, the view blocks in a write), and still
+/// every tick is sampled: -o has rate × duration samples.
+#[test]
+fn a_blocked_view_does_not_slow_sampling() {
+    let _serial = heavy();
+    each(|py| {
+        let target = py.spawn("top_split.py", &[]);
+        let dir = temp_dir("top-blocked");
+        let out_path = dir.join("prof.json");
+        // 100 tables a second fill a 64 KiB pipe in well under a second.
+        let mut child = Command::new(pyprof_bin())
+            .args(["top", "--pid", &target.pid().to_string(), "--rate", "1000", "--duration", "3", "--refresh", "0.01", "--rows", "200"])
+            .args(["-o", out_path.to_str().unwrap()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_secs(5));
+        assert!(child.try_wait().unwrap().is_none(), "top ended with its output unread: the view did not block?");
+        let mut stdout = String::new();
+        std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        let tables = stdout.lines().filter(|l| l.starts_with("pyprof top · ")).count();
+        let p = read_profile(&out_path);
+        // Two threads (main and idler), each sampled at every tick.
+        let expected = 2.0 * 1000.0 * p.meta.duration_secs;
+        let got = p.meta.samples as f64;
+        eprintln!("[{}] {tables} tables; {got} samples in {:.3} s (expected {expected:.0})", py.label, p.meta.duration_secs);
+        assert!((got - expected).abs() / expected <= 0.02, "{got} samples in {:.3} s at 1 kHz on 2 threads", p.meta.duration_secs);
+        assert!(tables < 250, "{tables} tables: the view never blocked, the test proves nothing");
+    });
+}

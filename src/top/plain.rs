@@ -42,7 +42,9 @@ pub fn run(rx: Receiver<Msg>, about: &About, rows: usize, refresh: Duration) -> 
                 return Ok(ended.flatten());
             }
             model.end_interval();
-            next += refresh;
+            // After a stall (a slow reader) the next table comes a refresh later, not in a burst.
+            let now = Instant::now();
+            next = if next + refresh > now { next + refresh } else { now + refresh };
         }
         if let Some(reason) = ended {
             return Ok(reason);
