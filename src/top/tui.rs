@@ -76,6 +76,11 @@ pub fn run(rx: Receiver<Msg>, about: &About, refresh: Duration) -> Result<Outcom
             }
             dirty = true;
         }
+        // The first batch comes in a quarter of a second: shown at once, not a refresh later.
+        if screen.ticks == 0 && model.ticks > 0 && !ui.paused {
+            screen = build(&model, &ui, &stats, cpu_share);
+            dirty = true;
+        }
         let now = Instant::now();
         if now >= next && ended.is_none() {
             cpu_share = cpu.sample(&super::pids(&model, about.pid));
