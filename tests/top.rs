@@ -213,6 +213,15 @@ fn live_view_in_a_terminal() {
         assert!(callers.contains("main ("), "callers of sixty:\n{s}");
         let callees = s.lines().skip_while(|l| !l.contains("CALLEES")).nth(1).unwrap_or("");
         assert!(callees.contains("(none)"), "callees of sixty:\n{s}");
+        // Enter on the chosen caller (main): main's callers and callees; Esc: back to sixty's.
+        let title = |s: &str| s.lines().take_while(|l| !l.contains("CALLERS")).last().unwrap_or("").to_string();
+        assert!(title(&s).starts_with("sixty ("), "{s}");
+        tmux.keys(&["Enter"]);
+        let s = tmux.screen();
+        assert!(title(&s).starts_with("main ("), "Enter on a caller:\n{s}");
+        assert!(s.lines().skip_while(|l| !l.contains("CALLEES")).any(|l| l.contains(" sixty (")), "main's callees:\n{s}");
+        tmux.keys(&["Escape"]);
+        assert!(title(&tmux.screen()).starts_with("sixty ("), "Esc did not go back to sixty:\n{}", tmux.screen());
         tmux.keys(&["Escape"]);
         assert!(tmux.screen().contains("OWN%"), "Esc did not leave the callers view:\n{}", tmux.screen());
         tmux.keys(&["Escape"]);

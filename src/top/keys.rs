@@ -20,6 +20,10 @@ pub struct Ui {
     pub selected: usize,
     /// Callers and callees of this function are shown (Enter).
     pub detail: Option<RowKey>,
+    /// The functions whose callers and callees were shown before, to go back to.
+    pub detail_back: Vec<RowKey>,
+    /// In the callers-and-callees view: the chosen entry, callers first.
+    pub detail_cursor: usize,
     /// Sampling ended: the next key quits.
     pub ended: bool,
     /// The thread picker is open at this entry (0: all threads, i: the i-th thread).
@@ -38,8 +42,9 @@ pub enum Action {
 
 impl Ui {
     /// `rows`: how many rows are visible now; `page`: how many fit on screen;
-    /// `selected`: the function of the selected row, if any.
-    pub fn key(&mut self, k: KeyEvent, threads: &[ThreadInfo], rows: usize, page: usize, selected: Option<&RowKey>) -> Action {
+    /// `selected`: the function of the selected row, if any; `related`: the
+    /// callers then the callees shown, in the callers-and-callees view.
+    pub fn key(&mut self, k: KeyEvent, threads: &[ThreadInfo], rows: usize, page: usize, selected: Option<&RowKey>, related: &[RowKey]) -> Action {
         if k.kind == KeyEventKind::Release {
             return Action::Nothing;
         }
@@ -53,14 +58,15 @@ impl Ui {
         if let Some(at) = self.picking {
             return self.pick_key(k, at, threads);
         }
+        if self.detail.is_some() {
+            if let Some(a) = self.detail_key(k, related) {
+                return a;
+            }
+        }
         let last = rows.saturating_sub(1);
         let page = page.max(1);
         match k.code {
             KeyCode::Char('q') => return Action::Quit,
-            KeyCode::Esc | KeyCode::Backspace if self.detail.is_some() => {
-                self.detail = None;
-                return Action::Rebuild;
-            }
             KeyCode::Esc if !self.filter.is_empty() => {
                 self.filter.clear();
                 self.selected = 0;
@@ -77,6 +83,7 @@ impl Ui {
             KeyCode::Char('/') => {
                 self.typing = true;
                 self.detail = None;
+                self.detail_back.clear();
             }
             KeyCode::Char('p') => {
                 self.paused = !self.paused;
@@ -106,6 +113,33 @@ impl Ui {
         Action::Redraw
     }
 
+    /// Keys of the callers-and-callees view: move among them, Enter shows
+    /// the chosen one's, Esc or Backspace goes back one. None: not its key.
+    fn detail_key(&mut self, k: KeyEvent, related: &[RowKey]) -> Option<Action> {
+        let last = related.len().saturating_sub(1);
+        match k.code {
+            KeyCode::Up => self.detail_cursor = self.detail_cursor.saturating_sub(1),
+            KeyCode::Down => self.detail_cursor = (self.detail_cursor + 1).min(last),
+            KeyCode::Home => self.detail_cursor = 0,
+            KeyCode::End => self.detail_cursor = last,
+            KeyCode::Enter => {
+                let next = related.get(self.detail_cursor)?.function_row();
+                if let Some(cur) = self.detail.replace(next) {
+                    self.detail_back.push(cur);
+                }
+                self.detail_cursor = 0;
+                return Some(Action::Rebuild);
+            }
+            KeyCode::Esc | KeyCode::Backspace => {
+                self.detail = self.detail_back.pop();
+                self.detail_cursor = 0;
+                return Some(Action::Rebuild);
+            }
+            _ => return None,
+        }
+        Some(Action::Redraw)
+    }
+
     /// Keys while the thread picker is open: move, Enter picks, Esc or t closes.
     fn pick_key(&mut self, k: KeyEvent, at: usize, threads: &[ThreadInfo]) -> Action {
         let last = threads.len();
@@ -123,6 +157,7 @@ impl Ui {
                 };
                 self.selected = 0;
                 self.detail = None;
+                self.detail_back.clear();
                 return Action::Rebuild;
             }
             KeyCode::Up => at.saturating_sub(1),
@@ -163,7 +198,7 @@ mod tests {
     use super::*;
 
     fn press(ui: &mut Ui, code: KeyCode, threads: &[ThreadInfo]) -> Action {
-        ui.key(KeyEvent::new(code, KeyModifiers::NONE), threads, 10, 5, None)
+        ui.key(KeyEvent::new(code, KeyModifiers::NONE), threads, 10, 5, None, &[])
     }
 
     #[test]
@@ -207,6 +242,30 @@ mod tests {
         press(&mut ui, KeyCode::Esc, &[]);
         assert!(ui.filter.is_empty());
         assert_eq!(press(&mut ui, KeyCode::Char('q'), &[]), Action::Quit);
+    }
+
+    #[test]
+    fn callers_and_callees_lead_on_and_back() {
+        let key = |f: &str| RowKey { function: f.into(), file: "app.py".into(), line: Some(3) };
+        let mut ui = Ui::default();
+        let k = |c| KeyEvent::new(c, KeyModifiers::NONE);
+        assert_eq!(ui.key(k(KeyCode::Enter), &[], 3, 5, Some(&key("leaf")), &[]), Action::Rebuild);
+        assert_eq!(ui.detail.as_ref().map(|d| (&*d.function, d.line)), Some(("leaf", None)));
+        let related = [key("mid"), key("top")];
+        for _ in 0..3 {
+            ui.key(k(KeyCode::Down), &[], 3, 5, None, &related);
+        }
+        assert_eq!(ui.detail_cursor, 1);
+        ui.key(k(KeyCode::Enter), &[], 3, 5, None, &related);
+        assert_eq!(ui.detail.as_ref().map(|d| &*d.function), Some("top"));
+        assert_eq!((ui.detail_cursor, ui.detail_back.len()), (0, 1));
+        ui.key(k(KeyCode::Backspace), &[], 3, 5, None, &[]);
+        assert_eq!(ui.detail.as_ref().map(|d| &*d.function), Some("leaf"));
+        ui.key(k(KeyCode::Esc), &[], 3, 5, None, &[]);
+        assert!(ui.detail.is_none());
+        // Enter with nothing to go to does nothing.
+        ui.detail = Some(key("x"));
+        assert_eq!(ui.key(k(KeyCode::Enter), &[], 3, 5, None, &[]), Action::Nothing);
     }
 
     #[test]

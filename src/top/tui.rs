@@ -105,7 +105,8 @@ pub fn run(rx: Receiver<Msg>, about: &About, refresh: Duration) -> Result<Outcom
                 let size = guard.term.size()?;
                 let page = view::page(Rect::new(0, 0, size.width, size.height));
                 let n = visible.len();
-                match ui.key(k, &screen.thread_list, n, page, selected.as_ref()) {
+                let related: Vec<_> = screen.detail.iter().flat_map(|d| d.callers.iter().chain(&d.callees)).map(|r| r.key.clone()).collect();
+                match ui.key(k, &screen.thread_list, n, page, selected.as_ref(), &related) {
                     Action::Quit => break,
                     Action::Nothing => {}
                     Action::Redraw => dirty = true,

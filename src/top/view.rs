@@ -37,7 +37,7 @@ pub fn draw(f: &mut Frame, about: &About, screen: &Screen, ui: &Ui, ended: Optio
     header(f, head, about, screen, ui, ended);
     match &screen.detail {
         _ if ui.picking.is_some() => picker(f, body, screen, ui),
-        Some(_) if ui.detail.is_some() => detail(f, body, about, screen),
+        Some(_) if ui.detail.is_some() => detail(f, body, about, screen, ui.detail_cursor),
         _ => table(f, body, about, screen, ui),
     }
     let help = if ui.typing {
@@ -47,7 +47,7 @@ pub fn draw(f: &mut Frame, about: &About, screen: &Screen, ui: &Ui, ended: Optio
     } else if ended.is_some() {
         "press any key to quit".to_string()
     } else if ui.detail.is_some() {
-        "Esc/Backspace back · q quit".to_string()
+        "↑↓ choose · Enter its callers/callees · Esc/Backspace back · q quit".to_string()
     } else {
         "q quit · 1-6/s sort · l lines · t thread · / filter · p pause · r reset · Enter callers/callees · ↑↓ PgUp PgDn Home End".to_string()
     };
@@ -133,7 +133,7 @@ fn picker(f: &mut Frame, area: Rect, s: &Screen, ui: &Ui) {
     f.render_stateful_widget(table, area, &mut state);
 }
 
-fn detail(f: &mut Frame, area: Rect, about: &About, s: &Screen) {
+fn detail(f: &mut Frame, area: Rect, about: &About, s: &Screen, cursor: usize) {
     let Some(d) = &s.detail else { return };
     let [title, callers, callees] = Layout::vertical([Constraint::Length(1), Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
     f.render_widget(
@@ -143,18 +143,25 @@ fn detail(f: &mut Frame, area: Rect, about: &About, s: &Screen) {
         ])),
         title,
     );
-    related(f, callers, about, s, "CALLERS (calls of it on the stack, % of ticks)", &d.callers);
-    related(f, callees, about, s, "CALLEES (what it called, % of ticks)", &d.callees);
+    let n = d.callers.len();
+    related(f, callers, about, s, "CALLERS (calls of it on the stack, % of ticks)", &d.callers, (cursor < n).then_some(cursor));
+    related(f, callees, about, s, "CALLEES (what it called, % of ticks)", &d.callees, cursor.checked_sub(n));
 }
 
-fn related(f: &mut Frame, area: Rect, about: &About, s: &Screen, title: &str, list: &[Related]) {
+fn related(f: &mut Frame, area: Rect, about: &About, s: &Screen, title: &str, list: &[Related], chosen: Option<usize>) {
     let head = Row::new([Cell::from("SHARE%"), Cell::from(title.to_string())]).style(Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED));
     let rows: Vec<Row> = if list.is_empty() {
         vec![Row::new([Cell::from(""), Cell::from("(none)")])]
     } else {
         list.iter().map(|r| Row::new([Cell::from(format!("{:6.1}", s.pct(r.samples))), Cell::from(s.label(about, &r.key))])).collect()
     };
-    f.render_widget(Table::new(rows, [Constraint::Length(6), Constraint::Min(10)]).header(head), area);
+    let table = Table::new(rows, [Constraint::Length(6), Constraint::Min(10)])
+        .header(head)
+        .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED))
+        .highlight_symbol(">");
+    let mut state = TableState::default();
+    state.select(chosen.filter(|&i| i < list.len()));
+    f.render_stateful_widget(table, area, &mut state);
 }
 
 #[cfg(test)]
