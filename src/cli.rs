@@ -36,8 +36,7 @@ pub enum Command {
     Record(RecordArgs),
     /// Compare two profiles; exit 1 on a significant regression (CI gate, docs/ci.md).
     Diff(DiffArgs),
-    /// A live view of a running process (--pid) or a command (-- CMD ...):
-    /// functions by own and total time, refreshed every second.
+    /// Watch a running process (--pid) or a command (-- CMD ...) live: functions by own and total time.
     Top(TopArgs),
 }
 
