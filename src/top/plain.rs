@@ -54,7 +54,7 @@ pub fn run(rx: Receiver<Msg>, about: &About, rows: usize, refresh: Duration) -> 
 
 /// The header line, the column line and the `rows` heaviest rows by own share.
 pub fn table(s: &Screen, about: &About, rows: usize, ended: Option<StopReason>) -> String {
-    let mut t = format!("pyprof top · {} · threads {} · {} · errors: {}", s.target_text(about), s.threads, s.shares_text(about), s.errors_text());
+    let mut t = format!("pyprof top · {} · threads {} · {} · errors: {}", s.target_text(about), s.threads, s.shares_text(), s.errors_text());
     if let Some(r) = ended {
         t.push_str(&format!(" · {}", r.describe()));
     }

@@ -179,13 +179,12 @@ impl Screen {
     }
 
     /// GIL, CPU and GC shares, as the header says them.
-    pub fn shares_text(&self, about: &About) -> String {
+    pub fn shares_text(&self) -> String {
         let gil = format!("GIL held {:.1}% of ticks", self.pct(self.counts.gil));
         let cpu = match self.cpu {
             Some(c) => format!("CPU {c:.0}% of a core"),
             None => "CPU n/a".into(),
         };
-        let _ = about;
         let gc = format!("GC {:.1}% of samples", if self.counts.samples == 0 { 0.0 } else { 100.0 * self.counts.gc as f64 / self.counts.samples as f64 });
         format!("{gil} · {cpu} · {gc}")
     }

@@ -68,7 +68,7 @@ fn header(f: &mut Frame, area: Rect, about: &About, s: &Screen, ui: &Ui, ended: 
     }
     let lines = vec![
         Line::from(first),
-        Line::from(format!("{} · errors: {} · %: of ticks, 100 = one thread all the time", s.shares_text(about), s.errors_text())),
+        Line::from(format!("{} · errors: {} · %: of ticks, 100 = one thread all the time", s.shares_text(), s.errors_text())),
         Line::from(third),
     ];
     f.render_widget(Paragraph::new(lines), area);
