@@ -284,15 +284,15 @@ impl Model {
         id
     }
 
-    fn cell(&mut self, thread: u32, row: u32) -> &mut Cell {
-        let key = if self.cells.len() >= MAX_CELLS && !self.cells.contains_key(&(thread, row)) {
+    /// The row a (thread, row) counter is kept under: itself, or the
+    /// "other" row of its kind once there is no room for new counters.
+    fn cell_row(&mut self, thread: u32, row: u32) -> u32 {
+        if self.cells.len() >= MAX_CELLS && !self.cells.contains_key(&(thread, row)) {
             let line = self.rows[row as usize].is_line();
-            let other = self.row(other_row(line));
-            (thread, other)
+            self.row(other_row(line))
         } else {
-            (thread, row)
-        };
-        self.cells.entry(key).or_default()
+            row
+        }
     }
 
     /// `n` samples of `frames` (innermost first) on thread `thread`.
@@ -310,10 +310,12 @@ impl Model {
             }
             fns.push(fr);
             for r in [fr, lr] {
-                // A function and its line row are the same row for frames without lines.
+                // Counted once per stack: a function and its line row are the
+                // same row for frames without lines, and rows without room share one.
+                let r = self.cell_row(thread, r);
                 let first = self.row_stamp[r as usize] != stamp;
                 self.row_stamp[r as usize] = stamp;
-                let c = self.cell(thread, r);
+                let c = self.cells.entry((thread, r)).or_default();
                 if depth == 0 && first {
                     c.own += n;
                 }
@@ -530,6 +532,30 @@ mod tests {
         let t = row(&m.rows(Selection::All, false), "a").trend;
         assert_eq!(&t[TREND_LEN - 4..], &[0, 0, 0, 100]);
         assert_eq!(t[TREND_LEN - 5], TREND_LEN as u64 + 5);
+    }
+
+    #[test]
+    fn thread_row_counters_are_bounded_and_count_once() {
+        let mut m = Model::new();
+        let funcs = 20_000;
+        let mut threads = Vec::new();
+        for tid in 1..=4u64 {
+            let mut b = BatchThread { pid: 1, native_id: Some(tid), ..Default::default() };
+            for i in 0..funcs {
+                // Two frames per stack: one sample, one total for each, even in the other row.
+                b.stacks.insert(vec![Frame::python(&format!("f{i}"), "gen.py", 0), Frame::python(&format!("g{i}"), "gen.py", 0)], 1);
+            }
+            threads.push(b);
+        }
+        m.ingest(&Batch { threads, ticks: funcs as u64, ..Default::default() });
+        assert!(m.cells() <= MAX_CELLS + 4, "{} counters", m.cells());
+        for tid in 1..=4u64 {
+            let rows = m.rows(Selection::Thread(1, tid), false);
+            let own: u64 = rows.iter().map(|r| r.own).sum();
+            assert_eq!(own, funcs as u64, "thread {tid}");
+            // Each row's total never exceeds the samples: the other row counts a stack once.
+            assert!(rows.iter().all(|r| r.total <= funcs as u64), "thread {tid}");
+        }
     }
 
     #[test]
