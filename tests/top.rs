@@ -42,9 +42,10 @@ fn each(f: impl Fn(&Interpreter)) {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// A tmux server of our own (its own socket), killed on drop.
+/// A tmux server of our own (its own socket, in a temporary directory),
+/// killed on drop with its socket.
 struct Tmux {
-    socket: String,
+    socket: PathBuf,
 }
 
 impl Tmux {
@@ -54,14 +55,13 @@ impl Tmux {
 
     /// A 120x40 terminal running `shell_cmd`.
     fn start(tag: &str, shell_cmd: &str) -> Tmux {
-        let socket = format!("pyprof-top-{}-{tag}", std::process::id());
-        let t = Tmux { socket };
+        let t = Tmux { socket: temp_dir(&format!("tmux-{tag}")).join("socket") };
         t.run(&["new-session", "-d", "-x", "120", "-y", "40", "-s", "top", shell_cmd]);
         t
     }
 
     fn run(&self, args: &[&str]) -> String {
-        let out = Command::new("tmux").arg("-L").arg(&self.socket).args(args).output().expect("run tmux");
+        let out = Command::new("tmux").arg("-S").arg(&self.socket).args(args).output().expect("run tmux");
         assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
@@ -100,7 +100,8 @@ impl Tmux {
 
 impl Drop for Tmux {
     fn drop(&mut self) {
-        let _ = Command::new("tmux").arg("-L").arg(&self.socket).arg("kill-server").output();
+        let _ = Command::new("tmux").arg("-S").arg(&self.socket).arg("kill-server").output();
+        let _ = std::fs::remove_file(&self.socket);
     }
 }
 
