@@ -8,7 +8,8 @@
 //! (thread, row) counters with [`TREND_LEN`] history slots each,
 //! [`MAX_EDGES`] (thread, caller, callee) counters (then new pairs are not
 //! counted, and [`Model::lost_edges`] says how many) and [`MAX_THREADS`]
-//! threads (then "[other threads]"). About 16 MiB at worst besides the
+//! threads (then "[other threads]"). With hash tables at their largest
+//! that is about 25 MiB (counters 15, call pairs 4, rows 5) besides the
 //! strings of the row names, which the sampler's caches share.
 
 use std::sync::Arc;
