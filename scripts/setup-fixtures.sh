@@ -47,7 +47,7 @@ for v in 2.7 3.7 3.8 3.9 3.10 3.11 3.12 3.13; do
 done
 
 # 2. Debian's static python3.11, and tools the tests use.
-apt_install python3.11 debootstrap chromium golang-go libc6-dbg strace
+apt_install python3.11 debootstrap chromium golang-go libc6-dbg strace tmux
 
 # 3. Debian sid chroot with 3.13-3.15. Built aside and renamed, so an
 #    interrupted run never leaves a half chroot that looks complete.

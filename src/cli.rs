@@ -38,6 +38,8 @@ pub enum Command {
     Diff(DiffArgs),
     /// Render a saved JSON profile (record --format json) in any format.
     Report(ReportArgs),
+    /// Watch a running process (--pid) or a command (-- CMD ...) live: functions by own and total time.
+    Top(TopArgs),
 }
 
 #[derive(Args, Debug)]
@@ -254,6 +256,92 @@ impl ReportArgs {
         };
         let view = view_for(format, self.paths, self.import_frames);
         Ok(crate::report::ReportConfig { input: self.profile, output: self.output, format, view, source_root: self.source_root })
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct TopArgs {
+    /// Process id to attach to (or give a command after --).
+    #[arg(short, long, conflicts_with = "command")]
+    pub pid: Option<i32>,
+
+    /// Samples per second per thread, as for record.
+    #[arg(short, long, default_value = "100", value_parser = parse_rate)]
+    pub rate: f64,
+
+    /// Stop sampling after this long (the view then waits for a key;
+    /// without a terminal, top ends).
+    #[arg(short, long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Also write the whole session's profile here on exit (any record format;
+    /// `r` in the view does not clear it).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+
+    /// Format of -o (default: from its extension, else flamegraph).
+    #[arg(short, long, value_enum, requires = "output")]
+    pub format: Option<FormatArg>,
+
+    /// wall: every thread; cpu: threads on a CPU; gil: the GIL holder;
+    /// exception: threads raising or handling an exception.
+    #[arg(long, value_enum, default_value = "wall")]
+    pub mode: ModeArg,
+
+    /// Also watch child processes started after attach.
+    #[arg(long)]
+    pub subprocesses: bool,
+
+    /// Count threads that have no Python frame at that moment.
+    #[arg(long)]
+    pub include_idle_threads: bool,
+
+    /// File paths in -o's labels, as for record.
+    #[arg(long, value_enum, value_name = "HOW", requires = "output")]
+    pub paths: Option<PathsArg>,
+
+    /// Import machinery frames in -o, as for record.
+    #[arg(long, value_enum, value_name = "HOW", requires = "output")]
+    pub import_frames: Option<ImportFramesArg>,
+
+    /// Seconds between refreshes of the view (and between tables without a terminal).
+    #[arg(long, default_value = "1", value_parser = parse_duration)]
+    pub refresh: Duration,
+
+    /// Rows per table when stdout is not a terminal.
+    #[arg(long, default_value_t = 20)]
+    pub rows: usize,
+
+    #[command(flatten)]
+    pub attach: AttachArgs,
+
+    /// Command to launch and watch from its start (its output is discarded while the view runs).
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+impl TopArgs {
+    pub fn into_config(self) -> anyhow::Result<crate::top::TopConfig> {
+        let record = RecordArgs {
+            pid: self.pid,
+            rate: self.rate,
+            duration: self.duration,
+            output: Some(self.output.clone().unwrap_or_else(crate::top::unused_output)),
+            format: self.format,
+            mode: self.mode,
+            threads: false,
+            function: false,
+            subprocesses: self.subprocesses,
+            include_idle_threads: self.include_idle_threads,
+            paths: self.paths,
+            import_frames: self.import_frames,
+            quiet: true,
+            attach: self.attach,
+            command: self.command,
+        }
+        .into_config()
+        .map_err(|e| anyhow::anyhow!(e.to_string().replace("pyprof record", "pyprof top")))?;
+        Ok(crate::top::TopConfig { record, write: self.output.is_some(), rows: self.rows, refresh: self.refresh })
     }
 }
 

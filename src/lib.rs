@@ -30,6 +30,7 @@ pub mod sampler;
 pub mod session;
 pub mod stack;
 pub mod thread_filter;
+pub mod top;
 
 use cli::{Cli, Command};
 
@@ -40,5 +41,6 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Record(args) => record::run(&args.into_config()?),
         Command::Diff(args) => diff::run(&args.into_config()?),
         Command::Report(args) => report::run(&args.into_config()?),
+        Command::Top(args) => top::run(&args.into_config()?),
     }
 }

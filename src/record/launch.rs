@@ -16,7 +16,19 @@ use crate::session::Session;
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub fn launch(argv: &[String], opts: &AttachOptions) -> anyhow::Result<(Child, Session)> {
-    let mut child = Command::new(&argv[0]).args(&argv[1..]).spawn().with_context(|| format!("cannot run {:?}", argv[0]))?;
+    launch_with(argv, opts, false)
+}
+
+/// `detached`: the command gets no terminal (stdin, stdout and stderr go to
+/// /dev/null), for `top`'s view, which its output would draw over and
+/// whose keys it would read.
+pub(crate) fn launch_with(argv: &[String], opts: &AttachOptions, detached: bool) -> anyhow::Result<(Child, Session)> {
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    if detached {
+        cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    }
+    let mut child = cmd.spawn().with_context(|| format!("cannot run {:?}", argv[0]))?;
     let pid = child.id() as i32;
     let started = Instant::now();
     loop {

@@ -2,10 +2,10 @@
 //! until the duration, Ctrl-C or the target's exit (`sampler`), and write the
 //! profile ([`output`]) with what the recording was like ([`summary`]).
 
-mod children;
-mod launch;
+pub(crate) mod children;
+pub(crate) mod launch;
 pub(crate) mod output;
-mod summary;
+pub(crate) mod summary;
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;

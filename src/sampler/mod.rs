@@ -14,6 +14,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::profile::aggregate::Aggregator;
 use crate::session::{Session, SnapshotNeeds};
+use crate::stack::Frame;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -182,6 +183,52 @@ impl Progress for NoProgress {
     fn update(&mut self, _: &SamplerStats, _: usize) {}
 }
 
+/// One thread's stack at one tick, as the loop hands it to a [`Sink`].
+pub struct Sample<'a> {
+    pub pid: i32,
+    pub command: &'a str,
+    pub native_id: Option<u64>,
+    pub name: Option<&'a str>,
+    /// Innermost first.
+    pub frames: &'a [Frame],
+    /// Read only when the sink asked for it ([`Sink::wants_gil`]) or `<GC>`
+    /// frames are on (the collector's flag is read with the GIL anyway).
+    pub holds_gil: bool,
+    /// Read only in `--mode cpu`: per thread and per tick it costs a `/proc` read.
+    pub on_cpu: bool,
+    pub in_gc: bool,
+}
+
+impl<'a> Sample<'a> {
+    fn of(pid: i32, command: &'a str, t: &'a crate::stack::ThreadStack, frames: &'a [Frame], gc_frames: bool) -> Sample<'a> {
+        Sample { pid, command, native_id: t.native_id, name: t.name.as_deref(), frames, holds_gil: t.holds_gil, on_cpu: t.on_cpu, in_gc: t.in_gc && gc_frames }
+    }
+}
+
+/// Where the loop puts the samples it keeps: `record`'s [`Aggregator`],
+/// or `top`'s batches for its view. The loop decides what is kept (mode,
+/// empty stacks, torn reads); a sink only counts.
+pub trait Sink {
+    fn add(&mut self, sample: &Sample);
+
+    /// About every 100 ms, with the counts so far (a live view sends its batch here).
+    fn flush(&mut self, _stats: &SamplerStats, _threads: usize) {}
+
+    /// Whether every tick must read which thread holds the GIL. Cheap: the
+    /// freezer reads the GIL words anyway in exact mode, and with `<GC>`
+    /// frames on the snapshot reads the holder too; otherwise one more word
+    /// per interpreter per tick.
+    fn wants_gil(&self) -> bool {
+        false
+    }
+}
+
+impl Sink for Aggregator {
+    fn add(&mut self, s: &Sample) {
+        Aggregator::add(self, s.pid, s.command, s.native_id, s.name, s.frames);
+    }
+}
+
 /// Called between ticks to look for new child processes (`--subprocesses`).
 pub trait Discover {
     fn poll(&mut self, sessions: &mut Vec<Session>);
@@ -197,11 +244,12 @@ fn note_gc_frames(sessions: &[Session], stats: &mut SamplerStats) {
 pub fn run(
     sessions: &mut Vec<Session>,
     cfg: &SamplingConfig,
-    agg: &mut Aggregator,
+    sink: &mut dyn Sink,
     progress: &mut dyn Progress,
     mut discover: Option<&mut dyn Discover>,
 ) -> (SamplerStats, StopReason) {
-    let needs = SnapshotNeeds { gil: cfg.mode == Mode::Gil, on_cpu: cfg.mode == Mode::Cpu, names: true, stop_running_only: cfg.mode == Mode::Cpu };
+    let needs =
+        SnapshotNeeds { gil: cfg.mode == Mode::Gil || sink.wants_gil(), on_cpu: cfg.mode == Mode::Cpu, names: true, stop_running_only: cfg.mode == Mode::Cpu };
     let mut stats = SamplerStats::default();
     note_gc_frames(sessions, &mut stats);
     let mut timer = timer::Timer::new(Duration::from_secs_f64(1.0 / cfg.rate_hz));
@@ -233,6 +281,7 @@ pub fn run(
                     let pid = s.pid();
                     let cmd = commands.get(&pid).map(String::as_str).unwrap_or("");
                     threads_seen += threads.len();
+                    let gc_frames = s.gc_frames();
                     for t in &threads {
                         let keep = match cfg.mode {
                             Mode::Wall => true,
@@ -242,13 +291,13 @@ pub fn run(
                         };
                         if keep && t.torn {
                             stats.samples += 1;
-                            agg.add(pid, cmd, t.native_id, t.name.as_deref(), std::slice::from_ref(&torn));
+                            sink.add(&Sample::of(pid, cmd, t, std::slice::from_ref(&torn), gc_frames));
                         } else if keep && (cfg.include_empty || !t.frames.is_empty()) {
                             stats.samples += 1;
                             if t.in_gc && s.gc_frames() {
                                 *stats.gc_samples.get_or_insert(0) += 1;
                             }
-                            agg.add(pid, cmd, t.native_id, t.name.as_deref(), &t.frames);
+                            sink.add(&Sample::of(pid, cmd, t, &t.frames, gc_frames));
                         }
                     }
                     s.recycle(threads);
@@ -285,6 +334,7 @@ pub fn run(
             stats.elapsed = elapsed;
             stats.late = timer.late;
             progress.update(&stats, threads_seen);
+            sink.flush(&stats, threads_seen);
         }
     };
     stats.elapsed = timer.elapsed();
