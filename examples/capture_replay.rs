@@ -108,7 +108,7 @@ fn capture(py: &common::Interpreter, out: &std::path::Path) -> Result<usize, Str
         // No /proc: a replay has none either, so what a snapshot reads must
         // not depend on it.
         let src = Source { mem: &recording, interp: &interp, target: None };
-        let needs = SnapshotNeeds { gil: true, on_cpu: false, names: true, stop_running_only: false };
+        let needs = SnapshotNeeds { gil: true, on_cpu: false, names: true, stop_running_only: false, holders_only: false };
         for _ in 0..2 {
             let t = snap.snapshot(src, needs, Check::LOCK_FREE).map_err(|e| e.to_string())?;
             snap.recycle(t);

@@ -263,8 +263,10 @@ impl Freezer {
                 self.stats.pause_max = self.stats.pause_max.max(held);
                 // Next tick may skip reading the GIL first if this one held
                 // it and is the only Python thread (the GIL words read
-                // here, or checked unchanged, say it is held).
-                self.solo = threads.len() == 1 && self.gils.len() == 1 && self.gils[0].held() && !gils_read;
+                // here, or checked unchanged, say it is held). Thread states,
+                // not stacks: `--mode gil` walks only the holder, and
+                // `--async=all` adds stacks for idle tasks.
+                self.solo = python.thread_ids().len() == 1 && self.gils.len() == 1 && self.gils[0].held() && !gils_read;
                 return Ok(threads);
             }
             python.recycle(std::mem::take(&mut threads));

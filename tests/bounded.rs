@@ -22,7 +22,7 @@ fn a_target_compiling_new_code_for_a_minute_keeps_the_aggregator_bounded() {
     let target = py.spawn("code_factory.py", &["60"]);
     let mut s = Session::attach(target.pid(), &AttachOptions::default()).expect("attach");
     let mut agg = Aggregator::new(AggregateOptions::default());
-    let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false };
+    let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false, holders_only: false };
     let (start, mut samples, mut generated) = (Instant::now(), 0u64, std::collections::HashSet::new());
     while start.elapsed() < Duration::from_secs(58) {
         if let Ok(threads) = s.snapshot(needs) {

@@ -21,7 +21,7 @@ fn attach(py: &Interpreter, script: &str) -> (TargetProcess, Session) {
 /// Take `n` snapshots, hand each main thread's frames (innermost first) to
 /// `check`, and return how many succeeded (a torn one is simply skipped).
 fn snapshots(s: &mut Session, n: usize, mut check: impl FnMut(&[Frame])) -> u64 {
-    let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false };
+    let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false, holders_only: false };
     let mut ok = 0;
     for _ in 0..n {
         if let Ok(t) = s.snapshot(needs) {

@@ -165,7 +165,7 @@ fn snapshots_of_recorded_memory_equal_the_interpreters_own_view() {
         |fx| {
             let mut snap = Snapshotter::new(&fx.interp);
             let src = Source { mem: &fx.mem, interp: &fx.interp, target: None };
-            let needs = SnapshotNeeds { gil: true, on_cpu: false, names: true, stop_running_only: false };
+            let needs = SnapshotNeeds { gil: true, on_cpu: false, names: true, stop_running_only: false, holders_only: false };
             for round in 0..2 {
                 let threads = snap.snapshot(src, needs, Check::LOCK_FREE).unwrap_or_else(|e| panic!("snapshot {round}: {e}"));
                 assert_eq!(threads.len(), fx.info.threads.len(), "snapshot {round}: threads");
@@ -461,7 +461,7 @@ fn rule_code_counter_proves_cached_code_objects() {
                 let mem = fx.mem.clone();
                 let mut snap = Snapshotter::new(interp);
                 let src = Source { mem: &mem, interp, target: None };
-                let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false };
+                let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false, holders_only: false };
                 // The counter is read at the end of each snapshot's first
                 // call; an entry is stamped with the value read before its
                 // check, which the third snapshot has.

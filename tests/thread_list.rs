@@ -21,7 +21,7 @@ fn exited_threads_never_come_back() {
         let target = py.spawn("thread_churn.py", &[]);
         let pid = target.pid();
         let mut s = Session::attach(pid, &AttachOptions::default()).unwrap_or_else(|e| panic!("{}: attach: {e}", py.label));
-        let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false };
+        let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false, holders_only: false };
         let (mut snapshots, mut with_worker, mut seen) = (0u64, 0u64, std::collections::BTreeSet::new());
         let mut gone: Vec<u64> = Vec::new();
         let end = Instant::now() + Duration::from_secs(1);

@@ -40,7 +40,7 @@ pub fn on_next_page(end: u64, start: u64) -> bool {
 }
 /// A plan is capped so a pathological sample cannot make every later one huge.
 const MAX_PLAN_BYTES: u64 = 4 << 20;
-const MAX_PLAN_RANGES: usize = 512;
+const MAX_PLAN_RANGES: usize = 4096;
 /// A range stays in the plan this many samples after the last one that read
 /// it: a program alternating between a few stacks (a loop calling a short
 /// function, sampled sometimes inside it and sometimes not) then finds each

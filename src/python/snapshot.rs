@@ -35,10 +35,13 @@ pub struct SnapshotNeeds {
     /// `--native` in cpu mode: only threads on a CPU are counted, so only
     /// they are stopped for their registers.
     pub stop_running_only: bool,
+    /// `--mode gil`: only the GIL holders are counted, so only they are
+    /// walked (with `gil`); the other threads cost their thread states.
+    pub holders_only: bool,
 }
 
 impl SnapshotNeeds {
-    pub const ALL: SnapshotNeeds = SnapshotNeeds { gil: true, on_cpu: true, names: true, stop_running_only: false };
+    pub const ALL: SnapshotNeeds = SnapshotNeeds { gil: true, on_cpu: true, names: true, stop_running_only: false, holders_only: false };
 }
 
 /// What the walks of a session have cost so far.
@@ -434,12 +437,27 @@ impl Snapshotter {
         let mut picks = std::mem::take(&mut self.picks);
         picks.clear();
         let pid = src.target.map(|t| t.pid);
+        self.holders.clear();
+        // The collection runs on the thread that holds the GIL.
+        let gc_flag = o.gc.filter(|_| self.extras.gc);
+        if needs.holders_only && needs.gil {
+            // Known before any frame is read, so only the holders are walked.
+            for si in 0..self.states.len() {
+                holder_of(&mut self.holders, mem, interp, self.states[si].interp, needs, gc_flag)?;
+            }
+        }
         for ts in &self.states {
             let native_id = ts.native_id.or_else(|| {
                 let off = self.pthread_tid_offset?;
                 mem.read_u32(ts.thread_id + off).ok().map(|t| t as u64)
             });
-            let selected = if self.filter.is_all() { Some(true) } else { self.filter.decide(pid, native_id, self.known_name(src, ts, native_id)) };
+            let selected = if needs.holders_only && needs.gil && !self.holders.iter().any(|h| h.0 == ts.interp && h.1 == Some(ts.addr)) {
+                Some(false)
+            } else if self.filter.is_all() {
+                Some(true)
+            } else {
+                self.filter.decide(pid, native_id, self.known_name(src, ts, native_id))
+            };
             picks.push(Pick { native_id, selected });
         }
         self.picks = picks;
@@ -461,7 +479,6 @@ impl Snapshotter {
         let mut out = std::mem::take(&mut self.spare_out);
         out.clear();
         let mut spare = std::mem::take(&mut self.spare);
-        self.holders.clear();
         self.thread_ids.clear();
         self.interps.clear();
         self.walked.clear();
@@ -469,24 +486,7 @@ impl Snapshotter {
             if !self.interps.contains(&ts.interp) {
                 self.interps.push(ts.interp);
             }
-            // The collection runs on the thread that holds the GIL.
-            let gc_flag = o.gc.filter(|_| self.extras.gc);
-            let (holder, gc_word) = match self.holders.iter().find(|h| h.0 == ts.interp) {
-                Some(&(_, h, g)) => (h, g),
-                None if !needs.gil && gc_flag.is_none() => (None, None),
-                None => {
-                    let h = gil_holder(mem, o, interp.runtime, ts.interp)?;
-                    let g = match gc_flag {
-                        Some(flag) => {
-                            let at = flag.addr(interp.runtime, ts.interp);
-                            Some((at, mem.read_u64(at)?))
-                        }
-                        None => None,
-                    };
-                    self.holders.push((ts.interp, h, g));
-                    (h, g)
-                }
-            };
+            let (holder, gc_word) = holder_of(&mut self.holders, mem, interp, ts.interp, needs, gc_flag)?;
             let native_id = pick.native_id;
             // Every thread, walked or not: the GIL holder is found among them.
             self.thread_ids.push((ts.addr, native_id));
@@ -567,4 +567,33 @@ impl Snapshotter {
         self.prefetch.set_tail(self.states.iter().filter_map(|t| interp.code_counter(t.interp)).map(CodeCounter::addr));
         Ok(out)
     }
+}
+
+/// Interpreter `ts_interp`'s GIL holder and collector word, read once
+/// per snapshot (None, None when neither is asked for).
+fn holder_of(
+    holders: &mut Vec<Holder>,
+    mem: &dyn RemoteMemory,
+    interp: &Interpreter,
+    ts_interp: u64,
+    needs: SnapshotNeeds,
+    gc_flag: Option<crate::offsets::GcFlag>,
+) -> Result<(Option<u64>, Option<(u64, u64)>)> {
+    if let Some(&(_, h, g)) = holders.iter().find(|h| h.0 == ts_interp) {
+        return Ok((h, g));
+    }
+    if !needs.gil && gc_flag.is_none() {
+        return Ok((None, None));
+    }
+    let o = &interp.offsets;
+    let h = gil_holder(mem, o, interp.runtime, ts_interp)?;
+    let g = match gc_flag {
+        Some(flag) => {
+            let at = flag.addr(interp.runtime, ts_interp);
+            Some((at, mem.read_u64(at)?))
+        }
+        None => None,
+    };
+    holders.push((ts_interp, h, g));
+    Ok((h, g))
 }

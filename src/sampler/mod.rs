@@ -248,8 +248,13 @@ pub fn run(
     progress: &mut dyn Progress,
     mut discover: Option<&mut dyn Discover>,
 ) -> (SamplerStats, StopReason) {
-    let needs =
-        SnapshotNeeds { gil: cfg.mode == Mode::Gil || sink.wants_gil(), on_cpu: cfg.mode == Mode::Cpu, names: true, stop_running_only: cfg.mode == Mode::Cpu };
+    let needs = SnapshotNeeds {
+        gil: cfg.mode == Mode::Gil || sink.wants_gil(),
+        on_cpu: cfg.mode == Mode::Cpu,
+        names: true,
+        stop_running_only: cfg.mode == Mode::Cpu,
+        holders_only: cfg.mode == Mode::Gil,
+    };
     let mut stats = SamplerStats::default();
     note_gc_frames(sessions, &mut stats);
     let mut timer = timer::Timer::new(Duration::from_secs_f64(1.0 / cfg.rate_hz));

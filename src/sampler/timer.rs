@@ -156,7 +156,8 @@ mod tests {
             t.wait();
             let waited = before.elapsed();
             assert!(waited >= held, "waited {waited:?} after a {held:?} pause");
-            assert!(waited < 2 * held + Duration::from_millis(5), "waited {waited:?}");
+            // Loose: a loaded machine may run this thread late; the lower bound is the point.
+            assert!(waited < 2 * held + Duration::from_millis(50), "waited {waited:?}");
         }
         assert!(t.late >= 20, "{} late ticks", t.late);
         // No pauses any more: the rest shrinks with the average.
