@@ -32,7 +32,6 @@ use crate::attach::Attached;
 use crate::error::Result;
 use crate::process::memory::RemoteMemory;
 use crate::process::ptrace::Stopped;
-use crate::process::task_state;
 use crate::python::gil::{GilState, GilWords, gil_words, read_gils};
 use crate::python::snapshot::{Check, SnapshotNeeds, Snapshotter, Source};
 use crate::stack::ThreadStack;
@@ -219,7 +218,7 @@ impl Freezer {
             }
             self.tids.retain(|t| !stopped.holds(*t));
             if needs.on_cpu {
-                self.running.extend(self.tids.iter().copied().filter(|&t| task_state(pid, t) == Some('R')));
+                self.running.extend(self.tids.iter().copied().filter(|&t| a.target.task_state(t) == Some('R')));
             }
             stopped.add(&self.tids, false)?;
             self.fixed.clear();
@@ -254,7 +253,7 @@ impl Freezer {
             if ok {
                 for t in threads.iter_mut() {
                     if let Some(tid) = t.native_id.filter(|&n| stopped.holds(n as i32)) {
-                        t.on_cpu = needs.on_cpu && self.running.contains(&(tid as i32));
+                        t.on_cpu = needs.on_cpu && self.running.contains(&(tid as i32)) && !stopped.was_job_stopped(tid as i32);
                     }
                 }
                 self.stats.stopped += 1;

@@ -41,7 +41,7 @@ impl NativeLayer {
         let mut stop: Vec<i32> = if self.py_tids.is_empty() { attached.target.threads() } else { self.py_tids.clone() };
         // Read before stopping: a stopped thread shows as 't', not 'R'.
         let running: Vec<i32> = if needs.on_cpu || needs.stop_running_only {
-            stop.iter().copied().filter(|&t| crate::process::task_state(pid, t) == Some('R')).collect()
+            stop.iter().copied().filter(|&t| attached.target.task_state(t) == Some('R')).collect()
         } else {
             Vec::new()
         };
@@ -83,12 +83,14 @@ impl NativeLayer {
             }
         }
         let held = stopped.held();
+        // A thread found in a job-control stop was not running (see `ptrace`).
+        let job_stopped: Vec<bool> = threads.iter().map(|t| t.native_id.is_some_and(|n| stopped.was_job_stopped(n as i32))).collect();
         drop(stopped);
         self.note_pause(held);
         self.py_tids = threads.iter().filter_map(|t| t.native_id.map(|n| n as i32)).collect();
         let mut merged = Vec::new();
         for (i, t) in threads.iter_mut().enumerate() {
-            t.on_cpu = needs.on_cpu && t.native_id.is_some_and(|n| running.contains(&(n as i32)));
+            t.on_cpu = needs.on_cpu && t.native_id.is_some_and(|n| running.contains(&(n as i32))) && !job_stopped[i];
             self.state.stats.stacks += 1;
             let (raw, complete, had_regs) = &self.raw[i];
             if !had_regs {

@@ -7,6 +7,7 @@ pub mod memory;
 pub mod prefetch;
 pub mod ptrace;
 pub mod replay;
+pub mod task_states;
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +18,8 @@ pub struct Target {
     pub pid: i32,
     /// The working directory at attach, as the target sees it ([`cwd`]).
     pub cwd: Option<String>,
+    /// Its threads' stat files, kept open for [`Target::task_state`].
+    states: std::cell::RefCell<task_states::TaskStates>,
 }
 
 impl Target {
@@ -43,7 +46,14 @@ impl Target {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::NoSuchProcess(pid)),
             Err(e) => return Err(e.into()),
         }
-        Ok(Target { pid, cwd: cwd(pid) })
+        Ok(Target { pid, cwd: cwd(pid), states: Default::default() })
+    }
+
+    /// One-letter scheduler state of thread `tid` ('R' running, 'S'
+    /// sleeping, ...), as [`task_state`] but in one syscall once the
+    /// thread's file is open (`--mode cpu` asks every thread at every tick).
+    pub fn task_state(&self, tid: i32) -> Option<char> {
+        self.states.borrow_mut().state(self.pid, tid)
     }
 
     pub fn is_alive(&self) -> bool {

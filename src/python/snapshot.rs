@@ -11,7 +11,7 @@ use crate::attach::{CodeCounter, Interpreter};
 use crate::error::Result;
 use crate::process::memory::RemoteMemory;
 use crate::process::prefetch::{PrefetchStats, Prefetcher};
-use crate::process::{Target, task_comm, task_state};
+use crate::process::{Target, task_comm};
 use crate::python::asyncio::{AsyncMode, Readers, TaskGraph, TaskStats, ThreadView};
 use crate::python::code::{CodeCache, CodeCacheStats, Generations, Sources};
 use crate::python::exception::ExceptionState;
@@ -109,7 +109,9 @@ pub struct Source<'a> {
 
 /// An interpreter, its GIL holder and (with [`Extras::gc`]) the word holding
 /// its collector's flag, (address, value).
-type Holder = (u64, Option<u64>, Option<(u64, u64)>);
+type Holder = (u64, Option<u64>, GcWord);
+/// The word holding an interpreter's collector flag: (address, value).
+type GcWord = Option<(u64, u64)>;
 
 /// The Python side of a session: the caches that make repeated snapshots
 /// cheap, and the scratch they are built in.
@@ -401,7 +403,7 @@ impl Snapshotter {
             if t.name.as_deref() != name {
                 t.name = name.map(str::to_owned);
             }
-            t.on_cpu = needs.on_cpu && t.native_id.zip(pid).and_then(|(n, pid)| task_state(pid, n as i32)) == Some('R');
+            t.on_cpu = needs.on_cpu && t.native_id.zip(src.target).and_then(|(n, target)| target.task_state(n as i32)) == Some('R');
         }
     }
 
@@ -578,7 +580,7 @@ fn holder_of(
     ts_interp: u64,
     needs: SnapshotNeeds,
     gc_flag: Option<crate::offsets::GcFlag>,
-) -> Result<(Option<u64>, Option<(u64, u64)>)> {
+) -> Result<(Option<u64>, GcWord)> {
     if let Some(&(_, h, g)) = holders.iter().find(|h| h.0 == ts_interp) {
         return Ok((h, g));
     }
