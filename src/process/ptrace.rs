@@ -51,12 +51,14 @@ pub struct Stopped {
     reached: Vec<i32>,
     /// When the first thread reported its stop: before that the target ran on.
     started: Option<Instant>,
+    /// Threads whose stop came as a job-control stop ([`wait_stop_kind`]).
+    job_stopped: Vec<i32>,
 }
 
 impl Stopped {
     /// None held yet; [`Stopped::add`] stops some.
     pub fn none(pid: i32) -> Stopped {
-        Stopped { pid, threads: Vec::new(), reached: Vec::new(), started: None }
+        Stopped { pid, threads: Vec::new(), reached: Vec::new(), started: None, job_stopped: Vec::new() }
     }
 
     /// Registers of `tid`, if it reached its stop (and they were asked for).
@@ -67,6 +69,12 @@ impl Stopped {
     /// Whether `tid` is held stopped now.
     pub fn holds(&self, tid: i32) -> bool {
         self.reached.contains(&tid)
+    }
+
+    /// Whether `tid` was in (or on its way into) a job-control stop when it
+    /// was stopped here: it was not running, whatever /proc said before.
+    pub fn was_job_stopped(&self, tid: i32) -> bool {
+        self.job_stopped.contains(&tid)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -144,10 +152,13 @@ impl Stopped {
             }
         }
         for t in self.threads[first..].iter_mut() {
-            match wait_stop(self.pid, t.0) {
-                Some(Some(sig)) => {
+            match wait_stop_kind(self.pid, t.0) {
+                Some(Some((sig, job_stop))) => {
                     self.started.get_or_insert_with(Instant::now);
                     self.reached.push(t.0);
+                    if job_stop {
+                        self.job_stopped.push(t.0);
+                    }
                     t.2 = sig;
                     if regs {
                         t.1 = get_regs(t.0);
@@ -269,6 +280,15 @@ fn sleep_for_sigchld(until: Instant) {
 /// Wait for `tid`'s stop. Returns the signal to re-inject on release (a
 /// signal that arrived meanwhile), or None if the thread is gone.
 fn wait_stop(pid: i32, tid: i32) -> Option<Option<i32>> {
+    wait_stop_kind(pid, tid).map(|s| s.map(|(pass, _)| pass))
+}
+
+/// [`wait_stop`], and whether the stop reported is a job-control stop (the
+/// process was stopped by SIGSTOP, SIGTSTP, ...): the kernel reports our
+/// interrupt with the stop signal, not SIGTRAP, while one is in effect or
+/// on its way, so such a thread was not doing work, even if /proc said
+/// 'R' a moment before (it runs briefly on its way back into the stop).
+fn wait_stop_kind(pid: i32, tid: i32) -> Option<Option<(i32, bool)>> {
     let deadline = Instant::now() + STOP_TIMEOUT;
     loop {
         let mut status = 0;
@@ -281,7 +301,8 @@ fn wait_stop(pid: i32, tid: i32) -> Option<Option<i32>> {
                 // PTRACE_EVENT_STOP is our interrupt (or a group stop);
                 // anything else is a signal on its way to the thread.
                 let pass = if event == libc::PTRACE_EVENT_STOP || sig == libc::SIGTRAP { 0 } else { sig };
-                return Some(Some(pass));
+                let job_stop = event == libc::PTRACE_EVENT_STOP && matches!(sig, libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU);
+                return Some(Some((pass, job_stop)));
             }
             // Exited or killed while we waited: for the main thread of our own
             // child we have just reaped it, so keep its status for `record`.
