@@ -291,13 +291,18 @@ enum Outcome {
     Unsteady(String),
 }
 
+/// Unsteady references measured before a case counts as not measurable.
+const UNSTEADY_TRIES: usize = 5;
+
 /// Run `measure` until it is judged. The bounds are statistical (samples
 /// are a few standard errors from them at worst), so a measurement beyond
 /// a bound is repeated on a fresh target, and the test fails only if the
 /// repeat is beyond it too: a chance excursion, or a burst of load from
 /// outside the test, is then not a failure, while a real bias (the sampler
 /// this replaced was 4-18 pp off on the short callees) fails both. An
-/// unsteady measurement is repeated too; after three the case is skipped
+/// unsteady measurement is repeated too (up to [`UNSTEADY_TRIES`] times:
+/// on some days this VM's host makes the 3.12 workload's own split wander
+/// 6-8 pp between 5 s recordings for minutes); after that the case is skipped
 /// on a developer machine (said on stderr and counted by scripts/test.sh)
 /// and fails in CI.
 fn judged(test: &str, measure: impl Fn() -> Outcome) {
@@ -317,11 +322,11 @@ fn judged(test: &str, measure: impl Fn() -> Outcome) {
             Outcome::Unsteady(numbers) => {
                 eprintln!("accuracy: {test} reference unsteady, not judged: {numbers}");
                 unsteady.push(numbers);
-                if unsteady.len() == 3 {
+                if unsteady.len() == UNSTEADY_TRIES {
                     // Nothing else runs next to this test in CI (it holds
                     // `heavy`, and cargo runs one test binary at a time):
                     // there an unsteady workload is a fault of the set-up.
-                    let msg = format!("{test}: the reference never held still in 3 tries (is the machine busy?):\n{}", unsteady.join("\n"));
+                    let msg = format!("{test}: the reference never held still in {UNSTEADY_TRIES} tries (is the machine busy?):\n{}", unsteady.join("\n"));
                     if in_ci() {
                         panic!("{msg}");
                     }
