@@ -146,19 +146,7 @@ impl Session {
 /// Stop the main thread once and let it go: attach-time proof that the
 /// threads of `pid` can be held, with the fix in the error if not.
 fn probe_stopping(pid: i32) -> Result<()> {
-    let before = crate::process::task_state(pid, pid);
-    let mut s = crate::process::ptrace::Stopped::none(pid);
-    let r = s.add(&[pid], false);
-    drop(s);
-    if before == Some('T') {
-        // A process stopped by a signal (SIGSTOP, Ctrl-Z) goes back into its
-        // stop when let go, but runs ('R') on the way, for as long as it waits
-        // for a CPU: the first snapshot would report it on CPU. Wait for it.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
-        while crate::process::task_state(pid, pid) == Some('R') && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        }
-    }
+    let r = crate::process::ptrace::Stopped::none(pid).add(&[pid], false);
     r.map_err(|e| match e {
         crate::error::Error::CannotStop { pid, why } => crate::error::Error::CannotStop {
             pid,

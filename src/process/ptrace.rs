@@ -186,8 +186,20 @@ impl Drop for Stopped {
                 release_unstopped(self.pid, tid);
             }
         }
+        // A thread let go from a job-control stop goes back into it, but runs
+        // ('R') on the way for as long as it waits for a CPU: the next look
+        // at /proc would call it on CPU. Leave it as it was found.
+        let deadline = Instant::now() + JOB_STOP_RETURN;
+        for &tid in &self.job_stopped {
+            while crate::process::task_state(self.pid, tid) == Some('R') && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
     }
 }
+
+/// How long a release waits, at most, for job-stopped threads to be back in their stop.
+const JOB_STOP_RETURN: Duration = Duration::from_millis(200);
 
 /// How many times a seized thread that is not in its stop is interrupted
 /// again and waited for ([`STOP_TIMEOUT`] each) before it is given up.
