@@ -128,6 +128,9 @@ pub struct Freezer {
     /// Threads that were on a CPU just before they were stopped (a stopped
     /// thread reads as 't', not 'R').
     running: Vec<i32>,
+    /// `--mode cpu`: threads this snapshot would have stopped but found off
+    /// CPU, and so left running.
+    idle: Vec<i32>,
     /// The last snapshot had one Python thread, holding the only GIL: this
     /// one stops it without reading the GIL first (see `snapshot`).
     solo: bool,
@@ -199,6 +202,7 @@ impl Freezer {
         let src = Source { mem: &a.mem, interp: &a.interp, target: Some(&a.target) };
         let mut stopped = Stopped::none(pid);
         self.running.clear();
+        self.idle.clear();
         for round in 0..=MAX_ROUNDS {
             self.tids.clear();
             let mut all = round == MAX_ROUNDS;
@@ -218,7 +222,19 @@ impl Freezer {
             }
             self.tids.retain(|t| !stopped.holds(*t));
             if needs.on_cpu {
+                let before = self.running.len();
                 self.running.extend(self.tids.iter().copied().filter(|&t| a.target.task_state(t) == Some('R')));
+                if needs.stop_running_only {
+                    // `--mode cpu` records only threads on a CPU at this
+                    // instant, so the others need not be held. Holding them
+                    // would also wake them: a sleeper let go runs ('R') on
+                    // its way back into its sleep until it gets a CPU, and the
+                    // next tick would call it on CPU.
+                    let (idle, running) = (&mut self.idle, &self.running[before..]);
+                    idle.extend(self.tids.iter().copied().filter(|t| !running.contains(t)));
+                    self.tids.clear();
+                    self.tids.extend_from_slice(running);
+                }
             }
             stopped.add(&self.tids, false)?;
             self.fixed.clear();
@@ -251,9 +267,14 @@ impl Freezer {
             }
             self.stats.stepped += u64::from(steps.taken > 0);
             if ok {
+                self.idle.sort_unstable();
                 for t in threads.iter_mut() {
                     if let Some(tid) = t.native_id.filter(|&n| stopped.holds(n as i32)) {
                         t.on_cpu = needs.on_cpu && self.running.contains(&(tid as i32)) && !stopped.was_job_stopped(tid as i32);
+                    } else if t.native_id.is_some_and(|n| self.idle.binary_search(&(n as i32)).is_ok()) {
+                        // Off CPU at the instant, and not held: its stack may
+                        // have moved since, and it is not recorded.
+                        t.on_cpu = false;
                     }
                 }
                 self.stats.stopped += 1;

@@ -90,8 +90,16 @@ fn modes_select_threads() {
         let dir = temp_dir("modes");
         for mode in ["wall", "cpu", "gil"] {
             let out_path = dir.join(format!("{mode}.json"));
+            let idle_switches = idle_thread_switches(target.pid());
             let out = record(&["--pid", &pid, "--mode", mode, "-r", "200", "-d", "1", "-q", "-o", out_path.to_str().unwrap()]);
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            if mode == "cpu" {
+                // A thread stopped and let go runs ('R') until it gets a CPU
+                // back into its sleep: a later tick would call it on CPU. So
+                // cpu mode leaves the threads it does not record alone; a
+                // sleeper that was never woken was never switched to.
+                assert_eq!(idle_thread_switches(target.pid()), idle_switches, "cpu mode woke the sleeping and waiting threads");
+            }
             let p = read_profile(&out_path);
             let (spin, sleep, wait) = (inclusive(&p, "spinning_main"), inclusive(&p, "sleeping_thread"), inclusive(&p, "waiting_thread"));
             assert!(spin > 50, "{mode}: spinning thread seen {spin} times");
@@ -103,6 +111,23 @@ fn modes_select_threads() {
             }
         }
     });
+}
+
+/// Context switches, in all, of every thread of `pid` but its main one.
+fn idle_thread_switches(pid: i32) -> u64 {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("task dir").flatten() {
+        if task.file_name().to_str() == Some(&pid.to_string()) {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        total += status
+            .lines()
+            .filter(|l| l.contains("ctxt_switches:"))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    total
 }
 
 #[test]
