@@ -306,6 +306,12 @@ impl Prefetcher {
         }
     }
 
+    /// Plan nothing for the next sample: what the last ones read is not
+    /// what it will (a full walk followed by walks of one thread).
+    pub fn forget_plan(&mut self) {
+        self.plans.iter_mut().for_each(Vec::clear);
+    }
+
     /// The view the walk reads thread states and frames through.
     pub fn view<'a>(&'a self, mem: &'a dyn RemoteMemory) -> SampleView<'a> {
         SampleView { pf: self, mem, phase: Phase::Stack, fresh: false }

@@ -7,6 +7,7 @@ pub mod frames;
 pub mod gil;
 pub mod linetable;
 pub mod objects;
+pub mod quiet;
 pub mod snapshot;
 pub mod strings;
 pub mod thread_names;

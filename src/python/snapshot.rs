@@ -17,6 +17,7 @@ use crate::python::code::{CodeCache, CodeCacheStats, Generations, Sources};
 use crate::python::exception::ExceptionState;
 use crate::python::frames::{FrameWalker, WalkContext};
 use crate::python::thread_names::NameCache;
+use crate::python::{quiet, threads};
 use crate::python::threads::{ThreadList, ThreadState, find_pthread_tid_offset, gil_holder};
 use crate::stack::{EvalGroup, ThreadStack};
 use crate::thread_filter::{NameKnown, ThreadFilter};
@@ -51,12 +52,18 @@ pub struct WalkStats {
     pub threads: u64,
     /// Frames those walks read.
     pub frames: u64,
+    /// Thread stacks carried over from the snapshot before, proven unchanged
+    /// (`python::quiet`), and the snapshots that did so.
+    pub carried: u64,
+    pub carried_ticks: u64,
 }
 
 impl WalkStats {
     pub fn add(&mut self, o: &WalkStats) {
         self.threads += o.threads;
         self.frames += o.frames;
+        self.carried += o.carried;
+        self.carried_ticks += o.carried_ticks;
     }
 }
 
@@ -90,11 +97,15 @@ pub struct Check<'a> {
     /// (the GIL words: no other thread took it meanwhile). See
     /// [`Snapshotter::fixed_held`].
     pub fixed: &'a [(u64, u64)],
+    /// Some(h): proven by the GIL's switch counter (checked among `fixed`),
+    /// no thread but thread state `h` has run Python since the last
+    /// snapshot, so the others' stacks are taken from it (`python::quiet`).
+    pub quiet: Option<u64>,
 }
 
 impl Check<'_> {
     /// Read while the target runs, proven by the re-read alone.
-    pub const LOCK_FREE: Check<'static> = Check { frozen: false, fixed: &[] };
+    pub const LOCK_FREE: Check<'static> = Check { frozen: false, fixed: &[], quiet: None };
 }
 
 /// Where a snapshot reads from.
@@ -170,6 +181,17 @@ pub struct Snapshotter {
     /// `states` (a filter leaves states out of the stacks).
     walked: Vec<usize>,
     walk_stats: WalkStats,
+    /// `spare` is the last walk's output, in its order (see [`Check::quiet`]).
+    spare_is_last: bool,
+    /// The buffer of the last walk's output, to know it when it comes back.
+    last_out: usize,
+    /// Quiet snapshots since the whole thread list was last read, and when.
+    quiet_ticks: u32,
+    list_read_at: Option<std::time::Instant>,
+    /// Scratch for [`quiet::list_unchanged`].
+    list_buf: Vec<u8>,
+    /// The last walk carried stacks over.
+    carried_last: bool,
 }
 
 impl Snapshotter {
@@ -235,6 +257,22 @@ impl Snapshotter {
         &self.thread_ids
     }
 
+    /// Kernel thread id of thread state `ts`, read from the target now:
+    /// 3.11+ record it; before, it is in glibc's `struct pthread`, once the
+    /// offset is known. For a GIL holder the last snapshot did not list; the
+    /// caller checks the answer against the next snapshot's own list.
+    pub fn native_id_of(&self, src: Source, ts: u64) -> Option<u64> {
+        let o = &src.interp.offsets;
+        let tid = match o.thread.native_thread_id {
+            Some(off) => src.mem.read_u64(ts + off).ok()?,
+            None => {
+                let pthread = src.mem.read_u64(ts + o.thread.thread_id).ok()?;
+                src.mem.read_u32(pthread + self.pthread_tid_offset?).ok()? as u64
+            }
+        };
+        (tid != 0 && tid <= i32::MAX as u64).then_some(tid)
+    }
+
     /// The last snapshot's interpreters.
     pub fn interpreters(&self) -> &[u64] {
         &self.interps
@@ -250,16 +288,32 @@ impl Snapshotter {
     /// [`ThreadStack::torn`] (only a snapshot read while the target runs
     /// can have one).
     pub fn snapshot(&mut self, src: Source, needs: SnapshotNeeds, check: Check) -> Result<Vec<ThreadStack>> {
+        let mut threads = self.stacks(src, needs, check)?;
+        self.finish(src, &mut threads, needs);
+        Ok(threads)
+    }
+
+    /// [`Self::snapshot`] without the threads' names and run states, which
+    /// [`Self::finish`] adds: what must be read while the GIL holder is held
+    /// still, and no more (at 1,000 threads, names and states took longer
+    /// than the stacks).
+    pub fn stacks(&mut self, src: Source, needs: SnapshotNeeds, check: Check) -> Result<Vec<ThreadStack>> {
         // A frozen snapshot's fixed words go last in its first call: if
         // nothing needs reading after it, they are read after everything.
         self.last.clear();
         if check.frozen {
             self.last.extend(check.fixed.iter().map(|w| w.0));
         }
+        if check.quiet.is_some() && self.may_carry_over() && !self.carried_last {
+            // The plan of a full walk would read every thread's states and
+            // frames again for the next few samples, where only the moving
+            // thread is walked.
+            self.prefetch.forget_plan();
+        }
         self.prefetch.begin(src.mem, &self.last);
         self.codes.begin_snapshot();
         self.walker.begin();
-        let mut result = self.walk(src, needs);
+        let mut result = self.walk(src, needs, check.quiet);
         // Not even one process_vm_readv is atomic: the kernel copies iovec by
         // iovec while the target runs, so a current-frame pointer copied first
         // can name a frame popped before the chunk holding it was copied. A
@@ -297,13 +351,36 @@ impl Snapshotter {
             self.task_stacks(src, threads);
         }
         self.prefetch.end();
-        if let Ok(threads) = &mut result {
-            self.thread_facts(src, threads, needs);
-            self.judge_undecided(src, threads);
-            // Idle tasks (`--async=all`) are no threads: after every thread rule.
-            threads.append(&mut self.idle_tasks);
-        }
         result
+    }
+
+    /// Names and run states of the threads of [`Self::stacks`], and the
+    /// filter's last word on them.
+    pub fn finish(&mut self, src: Source, threads: &mut Vec<ThreadStack>, needs: SnapshotNeeds) {
+        self.thread_facts(src, threads, needs);
+        self.judge_undecided(src, threads);
+        // Idle tasks (`--async=all`) are no threads: after every thread rule.
+        threads.append(&mut self.idle_tasks);
+    }
+
+    /// Whether the whole thread list is due to be compared with the one
+    /// stacks are carried over on (`python::quiet`).
+    pub fn list_check_due(&self) -> bool {
+        self.quiet_ticks >= quiet::RECHECK_TICKS || self.list_read_at.is_none_or(|t| t.elapsed() >= quiet::RECHECK_AFTER)
+    }
+
+    /// Compare the thread list with the last one read, now (while the
+    /// target runs: `moving`, the GIL's last holder, is checked for its
+    /// links only). False: it changed, and the next snapshot reads it whole.
+    pub fn check_list(&mut self, src: Source, moving: u64) -> bool {
+        let same = quiet::list_unchanged(src.mem, &src.interp.offsets, src.interp.runtime, &self.states, moving, &mut self.list_buf);
+        if same {
+            self.quiet_ticks = 0;
+            self.list_read_at = Some(std::time::Instant::now());
+        } else {
+            self.spare_is_last = false;
+        }
+        same
     }
 
     /// `--async`: still inside the snapshot's instant (the GIL holder is
@@ -411,6 +488,7 @@ impl Snapshotter {
     /// snapshot reuses their memory.
     pub fn recycle(&mut self, mut threads: Vec<ThreadStack>) {
         if self.spare.is_empty() {
+            self.spare_is_last = threads.as_ptr() as usize == self.last_out && !threads.is_empty();
             self.spare = threads;
         } else if threads.capacity() > self.spare_out.capacity() {
             threads.clear();
@@ -418,14 +496,46 @@ impl Snapshotter {
         }
     }
 
-    fn walk(&mut self, src: Source, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
+    /// Whether stacks may be carried over from the last snapshot at all:
+    /// only plain stacks of one interpreter, handed back in order. Task
+    /// stacks, C stacks and exception states are read with every sample.
+    fn may_carry_over(&self) -> bool {
+        self.spare_is_last
+            && self.tasks.is_none()
+            && !self.keep_groups
+            && !self.extras.exception
+            && self.interps.len() == 1
+            && !self.states.is_empty()
+            && self.thread_ids.len() == self.states.len()
+    }
+
+    fn walk(&mut self, src: Source, needs: SnapshotNeeds, quiet: Option<u64>) -> Result<Vec<ThreadStack>> {
         let interp = src.interp;
         let o = &interp.offsets;
         let view = self.prefetch.view(src.mem);
         let (code_view, code_fresh) = (view.code(false), view.code(true));
         let code = Sources { held: &code_view, fresh: &code_fresh, gens_at: self.prefetch.tail_time() };
         let mem: &dyn RemoteMemory = &view;
-        self.threads.read(mem, o, interp.runtime, &mut self.states, &mut self.ts_buf)?;
+        // Quiet: every thread but `moving` keeps its stack, thread state and
+        // place in the list (`python::quiet`); the list is compared whole now
+        // and then, and otherwise only the moving thread's state is read.
+        let moving = quiet.filter(|_| self.may_carry_over());
+        let carry = match moving {
+            // Due: the caller did not compare the list before (see
+            // [`Self::check_list`]); it is read whole.
+            Some(h) => !self.list_check_due() && refresh_moving(&mut self.states, &mut self.ts_buf, mem, o, h),
+            None => false,
+        };
+        self.carried_last = carry;
+        if carry {
+            self.quiet_ticks += 1;
+            self.walk_stats.carried_ticks += 1;
+        } else {
+            self.threads.read(mem, o, interp.runtime, &mut self.states, &mut self.ts_buf)?;
+            self.quiet_ticks = 0;
+            self.list_read_at = Some(std::time::Instant::now());
+        }
+        let moving = moving.filter(|_| carry);
         if let Some(target) = src.target {
             let search_due = self.pthread_tid_searched.is_none_or(|t| t.elapsed() >= PTHREAD_TID_RETRY);
             if o.thread.native_thread_id.is_none() && self.pthread_tid_offset.is_none() && search_due {
@@ -435,9 +545,12 @@ impl Snapshotter {
             }
         }
         // Each thread's fate before any of its frames is read: a thread the
-        // filter leaves out costs its thread state only.
+        // filter leaves out costs its thread state only. Carried over, the
+        // list and so every fate is the last snapshot's.
         let mut picks = std::mem::take(&mut self.picks);
-        picks.clear();
+        if moving.is_none() {
+            picks.clear();
+        }
         let pid = src.target.map(|t| t.pid);
         self.holders.clear();
         // The collection runs on the thread that holds the GIL.
@@ -448,7 +561,7 @@ impl Snapshotter {
                 holder_of(&mut self.holders, mem, interp, self.states[si].interp, needs, gc_flag)?;
             }
         }
-        for ts in &self.states {
+        for ts in self.states.iter().filter(|_| moving.is_none()) {
             let native_id = ts.native_id.or_else(|| {
                 let off = self.pthread_tid_offset?;
                 mem.read_u32(ts.thread_id + off).ok().map(|t| t as u64)
@@ -468,7 +581,7 @@ impl Snapshotter {
             // reading the chunk's first 16 KiB (CPython's smallest chunk size)
             // serves a whole walk in one read.
             for (ts, pick) in self.states.iter().zip(&self.picks) {
-                if pick.selected == Some(false) {
+                if pick.selected == Some(false) || moving.is_some_and(|h| h != ts.addr) {
                     continue;
                 }
                 if let Ok(chunk) = mem.read_u64(ts.addr + chunk_off) {
@@ -499,6 +612,15 @@ impl Snapshotter {
             self.walked.push(si);
             // Not cleared: the walk overwrites the last sample's frames in place.
             let mut slot = spare.get_mut(i).map(std::mem::take).unwrap_or_default();
+            if moving.is_some_and(|h| h != ts.addr) && !slot.torn && slot.python_id == ts.thread_id && slot.native_id == native_id {
+                // Proven unchanged since the last snapshot, which left its
+                // stack in this very slot: nothing to read.
+                slot.holds_gil = holder == Some(ts.addr);
+                slot.in_gc = false;
+                self.walk_stats.carried += 1;
+                out.push(slot);
+                continue;
+            }
             self.walker.begin_thread();
             if let Some(cframe) = ts.cframe {
                 self.walker.note(ts.addr + o.thread.current_frame, cframe);
@@ -565,10 +687,38 @@ impl Snapshotter {
         }
         spare.clear();
         self.spare_out = spare;
+        self.last_out = out.as_ptr() as usize;
+        self.spare_is_last = false;
         // Each interpreter's counter, read last in the next sample's call.
         self.prefetch.set_tail(self.states.iter().filter_map(|t| interp.code_counter(t.interp)).map(CodeCounter::addr));
         Ok(out)
     }
+}
+
+/// The thread list for a quiet snapshot without reading it whole:
+/// only the moving thread's state is read again, and its links must
+/// still hold it where it was. False: read the list.
+fn refresh_moving(states: &mut [ThreadState], buf: &mut Vec<u8>, mem: &dyn RemoteMemory, o: &crate::offsets::Offsets, moving: u64) -> bool {
+    let Some(i) = states.iter().position(|t| t.addr == moving) else { return false };
+    let interp = states[i].interp;
+    let Ok((state, (prev, next))) = threads::read_state(mem, o, interp, moving, buf) else { return false };
+    // Linked where it was: by its neighbours in the list read last, and
+    // they by it (a state unlinked and freed fails one or the other).
+    let want_prev = if i > 0 { states[i - 1].addr } else { 0 };
+    let want_next = states.get(i + 1).map_or(0, |t| t.addr);
+    let back = match prev {
+        0 => mem.read_u64(interp + o.interp.threads_head),
+        p => mem.read_u64(p + o.thread.next),
+    };
+    let fwd = match next {
+        0 => Ok(moving),
+        n => mem.read_u64(n + o.thread.prev),
+    };
+    if prev != want_prev || next != want_next || back.ok() != Some(moving) || fwd.ok() != Some(moving) {
+        return false;
+    }
+    states[i] = state;
+    true
 }
 
 /// Interpreter `ts_interp`'s GIL holder and collector word, read once

@@ -63,7 +63,6 @@ fn all_threads(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, out: &mut Vec<
 /// require the list's back links to agree (the head's `prev` null, each
 /// other's the one before), which is what proves `head` still heads it.
 fn interp_threads(mem: &dyn RemoteMemory, o: &Offsets, interp: u64, head: u64, linked: bool, out: &mut Vec<ThreadState>, buf: &mut Vec<u8>) -> Result<()> {
-    buf.resize(o.thread.used_len() as usize, 0);
     let first = out.len();
     let (mut ts, mut prev) = (head, 0);
     while ts != 0 {
@@ -72,36 +71,44 @@ fn interp_threads(mem: &dyn RemoteMemory, o: &Offsets, interp: u64, head: u64, l
         if out.len() - first >= MAX_THREADS {
             return Err(Error::Corrupt("thread list does not end".into()));
         }
-        mem.read(ts, buf)?;
-        let owner = field_u64(buf, o.thread.interp as usize);
-        if owner != interp {
-            return Err(Error::Corrupt(format!("thread state {ts:#x} belongs to {owner:#x}, not {interp:#x}")));
-        }
-        if linked && field_u64(buf, o.thread.prev as usize) != prev {
+        let (state, links) = read_state(mem, o, interp, ts, buf)?;
+        if linked && links.0 != prev {
             return Err(Error::Torn(format!("thread state {ts:#x} is not linked where it was")));
         }
-        let mut frame = field_u64(buf, o.thread.current_frame as usize);
-        let mut frame_field = ts + o.thread.current_frame;
-        let mut cframe = None;
-        if let (Some(cf), true) = (o.thread.cframe_current_frame.filter(|_| o.rules.current_frame_in_cframe), frame != 0) {
-            cframe = Some(frame);
-            frame_field = frame + cf;
-            frame = mem.read_u64(frame_field)?;
-        }
-        out.push(ThreadState {
-            addr: ts,
-            interp,
-            thread_id: field_u64(buf, o.thread.thread_id as usize),
-            native_id: o.thread.native_thread_id.map(|off| field_u64(buf, off as usize)),
-            frame,
-            frame_field,
-            cframe,
-            hooked: o.thread.tracing.is_some_and(|off| field_u32(buf, off as usize) != 0),
-        });
+        out.push(state);
         prev = ts;
-        ts = field_u64(buf, o.thread.next as usize);
+        ts = links.1;
     }
     Ok(())
+}
+
+/// Thread state `ts` of `interp`, and its (prev, next) links.
+pub fn read_state(mem: &dyn RemoteMemory, o: &Offsets, interp: u64, ts: u64, buf: &mut Vec<u8>) -> Result<(ThreadState, (u64, u64))> {
+    buf.resize(o.thread.used_len() as usize, 0);
+    mem.read(ts, buf)?;
+    let owner = field_u64(buf, o.thread.interp as usize);
+    if owner != interp {
+        return Err(Error::Corrupt(format!("thread state {ts:#x} belongs to {owner:#x}, not {interp:#x}")));
+    }
+    let mut frame = field_u64(buf, o.thread.current_frame as usize);
+    let mut frame_field = ts + o.thread.current_frame;
+    let mut cframe = None;
+    if let (Some(cf), true) = (o.thread.cframe_current_frame.filter(|_| o.rules.current_frame_in_cframe), frame != 0) {
+        cframe = Some(frame);
+        frame_field = frame + cf;
+        frame = mem.read_u64(frame_field)?;
+    }
+    let state = ThreadState {
+        addr: ts,
+        interp,
+        thread_id: field_u64(buf, o.thread.thread_id as usize),
+        native_id: o.thread.native_thread_id.map(|off| field_u64(buf, off as usize)),
+        frame,
+        frame_field,
+        cframe,
+        hooked: o.thread.tracing.is_some_and(|off| field_u32(buf, off as usize) != 0),
+    };
+    Ok((state, (field_u64(buf, o.thread.prev as usize), field_u64(buf, o.thread.next as usize))))
 }
 
 /// How many reads may follow the list from a remembered head before the
