@@ -12,7 +12,8 @@
 //! name, never a hang or a panic. Names cost a few dozen reads, so
 //! [`NameCache`] reads them once per interpreter and then about once a second.
 
-use std::collections::{HashMap, HashSet};
+// Looked up for every thread of every sample: a cheap hash, not SipHash.
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -26,12 +27,12 @@ use crate::python::threads::MAX_THREADS;
 pub fn thread_names(mem: &dyn RemoteMemory, o: &Offsets, interp: u64) -> Result<HashMap<u64, String>> {
     let mut r =
         ObjectReader::new(mem, o).ok_or_else(|| Error::BadOffsets { version: o.version.to_string(), why: "no thread-name offsets for this version".into() })?;
-    let Some(active) = r.module_attr(interp, "threading", "_active")? else { return Ok(HashMap::new()) };
+    let Some(active) = r.module_attr(interp, "threading", "_active")? else { return Ok(HashMap::default()) };
     let items = r.dict_items(active)?;
     if items.len() > MAX_THREADS {
         return Err(Error::Corrupt(format!("threading._active holds {} threads", items.len())));
     }
-    let mut out = HashMap::with_capacity(items.len());
+    let mut out = HashMap::with_capacity_and_hasher(items.len(), Default::default());
     for (key, thread) in items {
         // One unreadable Thread (torn down under us, or not a Thread at all)
         // leaves that thread unnamed, not the others.
@@ -64,13 +65,16 @@ pub struct NameCache {
     interps: HashMap<u64, InterpNames>,
     /// Scratch: the interpreters of one call (reused, so a call allocates nothing).
     scratch: Vec<u64>,
+    generation: u64,
 }
 
 impl NameCache {
     /// Re-read the names of every interpreter among `threads` (interpreter,
     /// ident) that is due: never read, read more than [`REFRESH_EVERY`] ago,
     /// or showing an ident unknown at the last read.
-    pub fn refresh(&mut self, mem: &dyn RemoteMemory, o: &Offsets, threads: impl Iterator<Item = (u64, u64)> + Clone) {
+    /// `same_threads`: the thread list is the one of the last call (then no
+    /// thread can be new, and only age makes a read due).
+    pub fn refresh(&mut self, mem: &dyn RemoteMemory, o: &Offsets, threads: impl Iterator<Item = (u64, u64)> + Clone, same_threads: bool) {
         if o.names.is_none() {
             return;
         }
@@ -87,14 +91,15 @@ impl NameCache {
                 None => true,
                 Some(e) => {
                     let age = now.saturating_duration_since(e.read_at);
-                    age >= REFRESH_EVERY || (age >= MIN_REFRESH && idents().any(|i| !e.known.contains(&i)))
+                    age >= REFRESH_EVERY || (age >= MIN_REFRESH && !same_threads && idents().any(|i| !e.known.contains(&i)))
                 }
             };
             if !due {
                 continue;
             }
+            self.generation += 1;
             let read = thread_names(mem, o, interp);
-            let e = self.interps.entry(interp).or_insert_with(|| InterpNames { names: HashMap::new(), known: HashSet::new(), read_at: now });
+            let e = self.interps.entry(interp).or_insert_with(|| InterpNames { names: HashMap::default(), known: HashSet::default(), read_at: now });
             if let Ok(names) = read {
                 e.names = names;
             }
@@ -105,6 +110,11 @@ impl NameCache {
     }
 
     /// The Python name of thread `ident` of interpreter `interp`, if known.
+    /// Bumped by every read of the names: while it stands, every answer does.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     pub fn get(&self, interp: u64, ident: u64) -> Option<&str> {
         self.interps.get(&interp)?.names.get(&ident).map(String::as_str)
     }
@@ -505,26 +515,26 @@ mod tests {
         let mut states: Vec<(u64, u64)> = idents.iter().map(|&i| (interp, i)).collect();
         let mut cache = NameCache::default();
         let t0 = Instant::now();
-        cache.refresh(&mem, &o, states.iter().copied());
+        cache.refresh(&mem, &o, states.iter().copied(), false);
         let first = mem.1.get();
         assert!(first > 0);
         assert_eq!(cache.get(interp, idents[2]), Some("ünïcødé-名前"));
-        cache.refresh(&mem, &o, states.iter().copied());
+        cache.refresh(&mem, &o, states.iter().copied(), false);
         if t0.elapsed() < REFRESH_EVERY {
             assert_eq!(mem.1.get(), first, "no re-read within the interval");
         }
         states.push((interp, 0x1234_5000));
-        cache.refresh(&mem, &o, states.iter().copied());
+        cache.refresh(&mem, &o, states.iter().copied(), false);
         if t0.elapsed() < MIN_REFRESH {
             assert_eq!(mem.1.get(), first, "an unknown ident waits for MIN_REFRESH");
         }
         std::thread::sleep(MIN_REFRESH);
         let t1 = Instant::now();
-        cache.refresh(&mem, &o, states.iter().copied());
+        cache.refresh(&mem, &o, states.iter().copied(), false);
         let second = mem.1.get();
         assert!(second > first, "an unknown ident triggers a re-read");
         std::thread::sleep(MIN_REFRESH);
-        cache.refresh(&mem, &o, states.iter().copied());
+        cache.refresh(&mem, &o, states.iter().copied(), false);
         if t1.elapsed() < REFRESH_EVERY {
             assert_eq!(mem.1.get(), second, "once seen, an unnamed ident no longer triggers re-reads");
         }
