@@ -13,29 +13,44 @@
 //! thread's state (`PyThreadState_Delete` on a state not its own, which
 //! embedders call after joining a thread). New states are pushed at the
 //! head, which the walk notices when it refreshes the holder's links, but a
-//! state removed from the middle is not. So at least every [`RECHECK_TICKS`]
-//! quiet snapshots, and every [`RECHECK_AFTER`], the whole list is read
-//! again in one call ([`list_unchanged`]) and compared word by word: a
-//! removed state is reported for at most that long.
-
-use std::time::Duration;
+//! state removed from the middle is not. So each quiet snapshot, before its
+//! stop, compares a window of the list with what it was, word by word
+//! ([`list_unchanged`]); a removal changes its neighbours' links, so the
+//! windows, going round, see it within [`CYCLE`] snapshots. A snapshot
+//! carries nothing over if the last full round is older than
+//! [`MAX_UNCHECKED`] snapshots.
 
 use crate::offsets::Offsets;
 use crate::process::memory::{RemoteMemory, field_u32, field_u64};
 use crate::python::threads::ThreadState;
 
-/// Quiet snapshots between two reads of the whole thread list.
-pub const RECHECK_TICKS: u32 = 32;
-/// And time between them, whatever the rate.
-pub const RECHECK_AFTER: Duration = Duration::from_millis(50);
+/// Quiet snapshots per round of windows over the whole list: 1,000 states
+/// compared at once took a millisecond, which made every such tick late at
+/// 1 kHz; 1/16th of them take a sixteenth.
+pub const CYCLE: usize = 16;
+/// Windows of fewer states than this are not worth their own call.
+pub const MIN_WINDOW: usize = 64;
+/// Quiet snapshots at most since a round of windows last completed.
+pub const MAX_UNCHECKED: u32 = 2 * CYCLE as u32;
 
-/// Whether the single interpreter's thread list still holds exactly
-/// `states`, linked in that order, each with the same identity and the
-/// same current frame; `moving` (the GIL's last holder, which may have run
-/// since) is checked for its links only. Reads the list in one call (two
-/// on 3.11–3.12, whose current frame hangs off a `_PyCFrame`).
-pub fn list_unchanged(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, states: &[ThreadState], moving: u64, buf: &mut Vec<u8>) -> bool {
+/// Whether `states[window]`, of the single interpreter's thread list, are
+/// still linked in that order, each with the same identity and the same
+/// current frame; `moving` (the GIL's last holder, which may have run
+/// since) is checked for its links only. A window at the start also checks
+/// the list's head, and that there is one interpreter. One call (two on
+/// 3.11–3.12, whose current frame hangs off a `_PyCFrame`).
+pub fn list_unchanged(
+    mem: &dyn RemoteMemory,
+    o: &Offsets,
+    runtime: u64,
+    states: &[ThreadState],
+    window: std::ops::Range<usize>,
+    moving: u64,
+    buf: &mut Vec<u8>,
+) -> bool {
     let Some(interp) = states.first().map(|t| t.interp) else { return false };
+    let all = states;
+    let Some(states) = all.get(window.clone()) else { return false };
     if states.iter().any(|t| t.interp != interp) {
         return false;
     }
@@ -49,14 +64,15 @@ pub fn list_unchanged(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, states:
     if mem.read_scatter(&ranges, buf) != buf.len() {
         return false;
     }
-    if field_u64(buf, 0) != interp || field_u64(buf, 8) != states[0].addr || field_u64(buf, 16) != 0 {
+    if field_u64(buf, 0) != interp || field_u64(buf, 16) != 0 || (window.start == 0 && field_u64(buf, 8) != all[0].addr) {
         return false;
     }
     let cframes = o.thread.cframe_current_frame.filter(|_| o.rules.current_frame_in_cframe);
-    for (i, t) in states.iter().enumerate() {
-        let b = &buf[24 + i * len..24 + (i + 1) * len];
-        let prev = if i > 0 { states[i - 1].addr } else { 0 };
-        let next = states.get(i + 1).map_or(0, |n| n.addr);
+    for (k, t) in states.iter().enumerate() {
+        let i = window.start + k;
+        let b = &buf[24 + k * len..24 + (k + 1) * len];
+        let prev = if i > 0 { all[i - 1].addr } else { 0 };
+        let next = all.get(i + 1).map_or(0, |n| n.addr);
         let f = |off: u64| field_u64(b, off as usize);
         if f(o.thread.interp) != interp || f(o.thread.prev) != prev || f(o.thread.next) != next {
             return false;

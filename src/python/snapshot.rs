@@ -185,9 +185,10 @@ pub struct Snapshotter {
     spare_is_last: bool,
     /// The buffer of the last walk's output, to know it when it comes back.
     last_out: usize,
-    /// Quiet snapshots since the whole thread list was last read, and when.
+    /// Quiet snapshots since the whole thread list was last read or
+    /// compared, and where the next window to compare starts.
     quiet_ticks: u32,
-    list_read_at: Option<std::time::Instant>,
+    list_cursor: usize,
     /// Scratch for [`quiet::list_unchanged`].
     list_buf: Vec<u8>,
     /// The last walk carried stacks over; and which of its stacks.
@@ -366,20 +367,22 @@ impl Snapshotter {
         threads.append(&mut self.idle_tasks);
     }
 
-    /// Whether the whole thread list is due to be compared with the one
-    /// stacks are carried over on (`python::quiet`).
-    pub fn list_check_due(&self) -> bool {
-        self.quiet_ticks >= quiet::RECHECK_TICKS || self.list_read_at.is_none_or(|t| t.elapsed() >= quiet::RECHECK_AFTER)
-    }
-
-    /// Compare the thread list with the last one read, now (while the
-    /// target runs: `moving`, the GIL's last holder, is checked for its
-    /// links only). False: it changed, and the next snapshot reads it whole.
+    /// Compare the next window of the thread list with the one stacks are
+    /// carried over on, now (while the target runs: `moving`, the GIL's
+    /// last holder, is checked for its links only; `python::quiet`).
+    /// False: it changed, and the next snapshot reads it whole.
     pub fn check_list(&mut self, src: Source, moving: u64) -> bool {
-        let same = quiet::list_unchanged(src.mem, &src.interp.offsets, src.interp.runtime, &self.states, moving, &mut self.list_buf);
+        let n = self.states.len();
+        let size = n.div_ceil(quiet::CYCLE).max(quiet::MIN_WINDOW).min(n);
+        let start = if self.list_cursor >= n { 0 } else { self.list_cursor };
+        let window = start..(start + size).min(n);
+        let same = quiet::list_unchanged(src.mem, &src.interp.offsets, src.interp.runtime, &self.states, window.clone(), moving, &mut self.list_buf);
         if same {
-            self.quiet_ticks = 0;
-            self.list_read_at = Some(std::time::Instant::now());
+            self.list_cursor = window.end;
+            if window.end == n {
+                // A round complete: the whole list is as it was.
+                self.quiet_ticks = 0;
+            }
         } else {
             self.spare_is_last = false;
         }
@@ -532,9 +535,9 @@ impl Snapshotter {
         // and then, and otherwise only the moving thread's state is read.
         let moving = quiet.filter(|_| self.may_carry_over());
         let carry = match moving {
-            // Due: the caller did not compare the list before (see
-            // [`Self::check_list`]); it is read whole.
-            Some(h) => !self.list_check_due() && refresh_moving(&mut self.states, &mut self.ts_buf, mem, o, h),
+            // The caller compares the list a window at a time (see
+            // [`Self::check_list`]); a whole round must be recent.
+            Some(h) => self.quiet_ticks < quiet::MAX_UNCHECKED && refresh_moving(&mut self.states, &mut self.ts_buf, mem, o, h),
             None => false,
         };
         self.carried_last = carry;
@@ -544,7 +547,7 @@ impl Snapshotter {
         } else {
             self.threads.read(mem, o, interp.runtime, &mut self.states, &mut self.ts_buf)?;
             self.quiet_ticks = 0;
-            self.list_read_at = Some(std::time::Instant::now());
+            self.list_cursor = 0;
         }
         let moving = moving.filter(|_| carry);
         if let Some(target) = src.target {
