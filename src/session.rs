@@ -1,7 +1,7 @@
 //! An attached target and the readers that sample it: the Python snapshot
 //! ([`Snapshotter`]) and, with `--native`, the native layer on top of it.
 
-use crate::attach::{AttachOptions, Attached, attach};
+use crate::attach::{AttachOptions, Attached, attach, attach_fork_child};
 use crate::error::Result;
 use crate::freeze::{AcquireStats, Freezer, Sampling};
 use crate::native::NativeStats;
@@ -25,6 +25,24 @@ pub struct Session {
 impl Session {
     pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Session> {
         let attached = attach(pid, opts)?;
+        Session::around(attached, opts, true)
+    }
+
+    /// A fork child of `parent`'s target, from what attaching the parent
+    /// found (see [`attach_fork_child`]); a full attach when the child is no
+    /// longer its parent's image (it exec'd).
+    pub fn attach_fork_child(parent: &Session, pid: i32, opts: &AttachOptions) -> Result<Session> {
+        match attach_fork_child(&parent.attached, pid) {
+            // The parent's threads could be stopped, and a child is ours
+            // just as its parent is: no need to stop it once more to prove it.
+            Ok(attached) => Session::around(attached, opts, false),
+            Err(e) if e.is_process_gone() => Err(e),
+            Err(_) => Session::attach(pid, opts),
+        }
+    }
+
+    fn around(attached: Attached, opts: &AttachOptions, probe: bool) -> Result<Session> {
+        let pid = attached.target.pid;
         let mut python = Snapshotter::new(&attached.interp);
         if let Some(mode) = opts.asyncio {
             python.enable_async(mode);
@@ -45,7 +63,7 @@ impl Session {
             }
             None => None,
         };
-        if opts.sampling == Sampling::Exact && native.is_none() {
+        if probe && opts.sampling == Sampling::Exact && native.is_none() {
             // Fail now, with the reason, if threads cannot be held still
             // (ptrace forbidden, or a debugger already holds them).
             probe_stopping(pid)?;

@@ -4,6 +4,7 @@
 
 pub mod maps;
 pub mod memory;
+pub mod new_pids;
 pub mod prefetch;
 pub mod ptrace;
 pub mod replay;

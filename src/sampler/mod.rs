@@ -229,7 +229,9 @@ impl Sink for Aggregator {
     }
 }
 
-/// Called between ticks to look for new child processes (`--subprocesses`).
+/// Called after every tick to look for new child processes
+/// (`--subprocesses`): cheap when nothing was created, since it runs at the
+/// sampling rate.
 pub trait Discover {
     fn poll(&mut self, sessions: &mut Vec<Session>);
 }
@@ -261,7 +263,6 @@ pub fn run(
     let commands: Vec<String> = sessions.iter().map(|s| s.attached().target.cmdline().join(" ")).collect();
     let mut commands: std::collections::HashMap<i32, String> = sessions.iter().map(|s| s.pid()).zip(commands).collect();
     let mut last_progress = Duration::ZERO;
-    let mut last_discover = Duration::ZERO;
     let torn = crate::stack::Frame::python(TORN, "", 0);
     let reason = loop {
         timer.wait();
@@ -324,13 +325,12 @@ pub fn run(
             break StopReason::TargetExited;
         }
         if let Some(d) = discover.as_deref_mut() {
-            if elapsed - last_discover >= Duration::from_millis(100) {
-                last_discover = elapsed;
-                let before = sessions.len();
-                d.poll(sessions);
-                for s in &sessions[before..] {
-                    commands.insert(s.pid(), s.attached().target.cmdline().join(" "));
-                }
+            let before = sessions.len();
+            d.poll(sessions);
+            for s in &sessions[before..] {
+                commands.insert(s.pid(), s.attached().target.cmdline().join(" "));
+            }
+            if sessions.len() > before {
                 note_gc_frames(sessions, &mut stats);
             }
         }
