@@ -81,6 +81,12 @@ impl Session {
         self.freezer.stats.pause + self.native_stats().map_or(std::time::Duration::ZERO, |n| n.pause)
     }
 
+    /// Whether a snapshot may wait for a thread of the target to stop
+    /// (which it does only once that thread gets a CPU).
+    pub fn stops_threads(&self) -> bool {
+        self.native.is_some() || self.freezer.sampling == crate::freeze::Sampling::Exact
+    }
+
     pub fn pid(&self) -> i32 {
         self.attached.target.pid
     }

@@ -70,7 +70,7 @@ impl ChildFinder {
         }
     }
 
-    /// One attempt at `pid`; `parent` when it is known to be a fork child's.
+    /// One attempt at `pid`; `parent` when its parent is known already.
     fn try_attach(&mut self, pid: i32, parent: Option<i32>, sessions: &mut Vec<Session>) {
         if sessions.iter().any(|s| s.pid() == pid) {
             self.pending.remove(&pid);
@@ -81,7 +81,9 @@ impl ChildFinder {
             return;
         }
         *tries += 1;
-        let parent = parent.and_then(|pp| sessions.iter().find(|s| s.pid() == pp));
+        // Children found by listing /proc too (those there at the start,
+        // typically a server's first workers) may be fork children.
+        let parent = parent.or_else(|| parent_of_process(pid)).and_then(|pp| sessions.iter().find(|s| s.pid() == pp));
         let attached = match parent {
             Some(p) => Session::attach_fork_child(p, pid, &self.opts),
             None => Session::attach(pid, &self.opts),

@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::profile::aggregate::Aggregator;
 use crate::session::{Session, SnapshotNeeds};
-use crate::stack::Frame;
+use crate::stack::{Frame, ThreadStack};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -243,6 +243,39 @@ fn note_gc_frames(sessions: &[Session], stats: &mut SamplerStats) {
     }
 }
 
+/// Most snapshots taken at once: past this many processes, the rest wait.
+const MAX_PARALLEL: usize = 64;
+
+/// One snapshot of every session, in the sessions' order, with how long
+/// each held its target. Where a snapshot waits for a thread to stop, the
+/// wait lasts until that thread gets a CPU, which many spinning processes
+/// share: waited for one process after another, those waits add up to more
+/// than a tick (16 workers got 1–2 of 100 Hz). So the sessions are
+/// snapshotted each on its own thread, all stops asked for at once. A
+/// session is wholly handled by one thread within the tick (ptrace's tracer
+/// is the thread that seized, and nothing stays seized between ticks), and
+/// each snapshot is still of the instant its own stop chose.
+fn snapshot_all(sessions: &mut [Session], needs: SnapshotNeeds) -> Vec<(crate::error::Result<Vec<ThreadStack>>, Duration)> {
+    let one = |s: &mut Session| {
+        let before = s.held_total();
+        let r = s.snapshot(needs);
+        (r, s.held_total().saturating_sub(before))
+    };
+    if sessions.len() < 2 || !sessions.iter().any(Session::stops_threads) {
+        return sessions.iter_mut().map(one).collect();
+    }
+    crate::process::ptrace::block_sigchld();
+    let mut out = Vec::with_capacity(sessions.len());
+    for chunk in sessions.chunks_mut(MAX_PARALLEL) {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = chunk.iter_mut().map(|s| scope.spawn(move || one(s))).collect();
+            // A panic in a snapshot goes on as it would have on this thread.
+            out.extend(handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
+        });
+    }
+    out
+}
+
 pub fn run(
     sessions: &mut Vec<Session>,
     cfg: &SamplingConfig,
@@ -274,14 +307,13 @@ pub fn run(
             break StopReason::Duration;
         }
         stats.ticks += 1;
-        let mut i = 0;
         let mut threads_seen = 0;
         let mut held = Duration::ZERO;
-        while i < sessions.len() {
+        let snapshots = snapshot_all(sessions, needs);
+        let mut gone = Vec::new();
+        for (i, (snapshot, held_now)) in snapshots.into_iter().enumerate() {
             let s = &mut sessions[i];
-            let held_before = s.held_total();
-            let snapshot = s.snapshot(needs);
-            held = held.max(s.held_total().saturating_sub(held_before));
+            held = held.max(held_now);
             match snapshot {
                 Ok(threads) => {
                     let pid = s.pid();
@@ -307,18 +339,19 @@ pub fn run(
                         }
                     }
                     s.recycle(threads);
-                    i += 1;
                 }
                 Err(e) if e.is_process_gone() || !s.attached().target.is_alive() => {
                     stats.syscalls += s.attached().mem.syscalls();
                     stats.add_session(s);
-                    sessions.remove(i);
+                    gone.push(i);
                 }
                 Err(e) => {
                     *stats.errors.entry(error_kind(&e).to_string()).or_insert(0) += 1;
-                    i += 1;
                 }
             }
+        }
+        for i in gone.into_iter().rev() {
+            sessions.remove(i);
         }
         timer.rest(held);
         if sessions.is_empty() {
