@@ -20,6 +20,8 @@ pub struct Session {
     freezer: Freezer,
     /// `<GC>`, put on top of the stack of the thread the collector runs on.
     gc_frame: Option<Frame>,
+    /// Attached from its parent's session: it may exec after that.
+    fork_child: bool,
 }
 
 impl Session {
@@ -35,7 +37,7 @@ impl Session {
         match attach_fork_child(&parent.attached, pid) {
             // The parent's threads could be stopped, and a child is ours
             // just as its parent is: no need to stop it once more to prove it.
-            Ok(attached) => Session::around(attached, opts, false),
+            Ok(attached) => Session::around(attached, opts, false).map(|s| Session { fork_child: true, ..s }),
             Err(e) if e.is_process_gone() => Err(e),
             Err(_) => Session::attach(pid, opts),
         }
@@ -68,7 +70,7 @@ impl Session {
             // (ptrace forbidden, or a debugger already holds them).
             probe_stopping(pid)?;
         }
-        Ok(Session { attached, python, native, freezer: Freezer::new(opts.sampling), gc_frame })
+        Ok(Session { attached, python, native, freezer: Freezer::new(opts.sampling), gc_frame, fork_child: false })
     }
 
     /// How the snapshots so far were obtained, and how long the target was held.
@@ -85,6 +87,19 @@ impl Session {
     /// (which it does only once that thread gets a CPU).
     pub fn stops_threads(&self) -> bool {
         self.native.is_some() || self.freezer.sampling == crate::freeze::Sampling::Exact
+    }
+
+    /// Whether a fork child attached from its parent's session has exec'd
+    /// since (caught between fork and exec): its interpreter module is no
+    /// longer where the parent's was, and a new attach is needed.
+    pub fn execd(&self) -> bool {
+        if !self.fork_child {
+            return false;
+        }
+        let module = |maps: &[crate::process::maps::Mapping]| -> Vec<(u64, u64)> {
+            maps.iter().filter(|m| m.path.as_deref() == Some(self.attached.module.as_str())).map(|m| (m.start, m.end)).collect()
+        };
+        crate::process::maps::read_maps(self.pid()).is_ok_and(|now| module(&now) != module(&self.attached.maps))
     }
 
     pub fn pid(&self) -> i32 {

@@ -129,4 +129,8 @@ impl Discover for ChildFinder {
             self.retry(sessions);
         }
     }
+
+    fn execd(&mut self, pid: i32) {
+        self.pending.insert(pid, 0);
+    }
 }

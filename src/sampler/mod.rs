@@ -234,6 +234,9 @@ impl Sink for Aggregator {
 /// sampling rate.
 pub trait Discover {
     fn poll(&mut self, sessions: &mut Vec<Session>);
+
+    /// Session `pid` was dropped because the process exec'd: attach it anew.
+    fn execd(&mut self, _pid: i32) {}
 }
 
 /// A GC share of 0 is a finding only where `<GC>` frames are added at all.
@@ -311,6 +314,7 @@ pub fn run(
         let mut held = Duration::ZERO;
         let snapshots = snapshot_all(sessions, needs);
         let mut gone = Vec::new();
+        let mut execd = Vec::new();
         for (i, (snapshot, held_now)) in snapshots.into_iter().enumerate() {
             let s = &mut sessions[i];
             held = held.max(held_now);
@@ -340,10 +344,18 @@ pub fn run(
                     }
                     s.recycle(threads);
                 }
-                Err(e) if e.is_process_gone() || !s.attached().target.is_alive() => {
+                // A process that exits mid-snapshot fails it in many ways (a
+                // refused seize, a read of freed memory): its end, not an error.
+                Err(e) if e.is_process_gone() || !s.attached().target.is_alive() || crate::process::is_exiting(s.pid()) => {
                     stats.syscalls += s.attached().mem.syscalls();
                     stats.add_session(s);
                     gone.push(i);
+                }
+                Err(_) if s.execd() => {
+                    stats.syscalls += s.attached().mem.syscalls();
+                    stats.add_session(s);
+                    gone.push(i);
+                    execd.push(s.pid());
                 }
                 Err(e) => {
                     *stats.errors.entry(error_kind(&e).to_string()).or_insert(0) += 1;
@@ -352,6 +364,9 @@ pub fn run(
         }
         for i in gone.into_iter().rev() {
             sessions.remove(i);
+        }
+        if let Some(d) = discover.as_deref_mut() {
+            execd.into_iter().for_each(|pid| d.execd(pid));
         }
         timer.rest(held);
         if sessions.is_empty() {
