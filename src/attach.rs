@@ -247,3 +247,33 @@ fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str
     let code_version_global = elf.symbol("_Py_next_func_version").map(|(a, _)| a.wrapping_add(bias));
     Ok((Interpreter { offsets, runtime: rt, image: elf.image(bias), code_version_global }, method))
 }
+
+/// A fork child of `parent`, attached from what was found for the parent:
+/// until it execs, a child has its parent's address space layout, so the
+/// interpreter module, `_PyRuntime` and the offsets are where they were,
+/// and attach's ELF reads and searches (tens of ms) are not needed. Checked
+/// cheaply: the same executable, the interpreter module mapped at the same
+/// addresses, and the runtime's interpreter/thread-state cycle intact.
+pub fn attach_fork_child(parent: &Attached, pid: i32) -> Result<Attached> {
+    let target = Target::attach(pid)?;
+    let not_same = |why: &str| Error::NotPython { pid, why: format!("not a fork of {} as it was attached: {why}", parent.target.pid) };
+    if target.exe().is_none() || target.exe() != parent.target.exe() {
+        return Err(not_same("another executable"));
+    }
+    let maps = read_maps(pid)?;
+    let module_maps = |maps: &[Mapping]| -> Vec<(u64, u64, u64)> {
+        maps.iter().filter(|m| m.path.as_deref() == Some(parent.module.as_str())).map(|m| (m.start, m.end, m.offset)).collect()
+    };
+    if module_maps(&maps) != module_maps(&parent.maps) {
+        return Err(not_same("the interpreter module is mapped elsewhere"));
+    }
+    let mem = VmReader::new(pid);
+    let interp = parent.interp.clone();
+    if !threads::runtime_cycle_holds(&mem, &interp.offsets, interp.runtime, |a| plausible_data_ptr(&maps, a)) {
+        if !target.is_alive() {
+            return Err(Error::ProcessGone(pid));
+        }
+        return Err(not_same("no live interpreter/thread state at the parent's _PyRuntime"));
+    }
+    Ok(Attached { target, mem, maps, method: parent.method, module: parent.module.clone(), interp })
+}

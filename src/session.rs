@@ -1,7 +1,7 @@
 //! An attached target and the readers that sample it: the Python snapshot
 //! ([`Snapshotter`]) and, with `--native`, the native layer on top of it.
 
-use crate::attach::{AttachOptions, Attached, attach};
+use crate::attach::{AttachOptions, Attached, attach, attach_fork_child};
 use crate::error::Result;
 use crate::freeze::{AcquireStats, Freezer, Sampling};
 use crate::native::NativeStats;
@@ -20,11 +20,31 @@ pub struct Session {
     freezer: Freezer,
     /// `<GC>`, put on top of the stack of the thread the collector runs on.
     gc_frame: Option<Frame>,
+    /// Attached from its parent's session: it may exec after that.
+    fork_child: bool,
 }
 
 impl Session {
     pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Session> {
         let attached = attach(pid, opts)?;
+        Session::around(attached, opts, true)
+    }
+
+    /// A fork child of `parent`'s target, from what attaching the parent
+    /// found (see [`attach_fork_child`]); a full attach when the child is no
+    /// longer its parent's image (it exec'd).
+    pub fn attach_fork_child(parent: &Session, pid: i32, opts: &AttachOptions) -> Result<Session> {
+        match attach_fork_child(&parent.attached, pid) {
+            // The parent's threads could be stopped, and a child is ours
+            // just as its parent is: no need to stop it once more to prove it.
+            Ok(attached) => Session::around(attached, opts, false).map(|s| Session { fork_child: true, ..s }),
+            Err(e) if e.is_process_gone() => Err(e),
+            Err(_) => Session::attach(pid, opts),
+        }
+    }
+
+    fn around(attached: Attached, opts: &AttachOptions, probe: bool) -> Result<Session> {
+        let pid = attached.target.pid;
         let mut python = Snapshotter::new(&attached.interp);
         if let Some(mode) = opts.asyncio {
             python.enable_async(mode);
@@ -45,12 +65,12 @@ impl Session {
             }
             None => None,
         };
-        if opts.sampling == Sampling::Exact && native.is_none() {
+        if probe && opts.sampling == Sampling::Exact && native.is_none() {
             // Fail now, with the reason, if threads cannot be held still
             // (ptrace forbidden, or a debugger already holds them).
             probe_stopping(pid)?;
         }
-        Ok(Session { attached, python, native, freezer: Freezer::new(opts.sampling), gc_frame })
+        Ok(Session { attached, python, native, freezer: Freezer::new(opts.sampling), gc_frame, fork_child: false })
     }
 
     /// How the snapshots so far were obtained, and how long the target was held.
@@ -61,6 +81,25 @@ impl Session {
     /// How long this session has held threads of its target stopped, in all.
     pub fn held_total(&self) -> std::time::Duration {
         self.freezer.stats.pause + self.native_stats().map_or(std::time::Duration::ZERO, |n| n.pause)
+    }
+
+    /// Whether a snapshot may wait for a thread of the target to stop
+    /// (which it does only once that thread gets a CPU).
+    pub fn stops_threads(&self) -> bool {
+        self.native.is_some() || self.freezer.sampling == crate::freeze::Sampling::Exact
+    }
+
+    /// Whether a fork child attached from its parent's session has exec'd
+    /// since (caught between fork and exec): its interpreter module is no
+    /// longer where the parent's was, and a new attach is needed.
+    pub fn execd(&self) -> bool {
+        if !self.fork_child {
+            return false;
+        }
+        let module = |maps: &[crate::process::maps::Mapping]| -> Vec<(u64, u64)> {
+            maps.iter().filter(|m| m.path.as_deref() == Some(self.attached.module.as_str())).map(|m| (m.start, m.end)).collect()
+        };
+        crate::process::maps::read_maps(self.pid()).is_ok_and(|now| module(&now) != module(&self.attached.maps))
     }
 
     pub fn pid(&self) -> i32 {

@@ -231,6 +231,59 @@ fn subprocesses_are_followed() {
     });
 }
 
+/// A pre-fork server (tests/scripts/prefork.py): 4 workers at start, one
+/// more every 0.3 s while older ones exit. Every worker must be a process
+/// root with samples, and a worker forked while recorded must be sampled
+/// from its first ticks at the rate asked: profiles carry no timestamps, so
+/// its count is held to 70 % of rate x the time it worked. A worker's exit
+/// must not count as an error, nor lose what was collected from it.
+#[test]
+fn subprocesses_follow_forked_workers() {
+    let _serial = heavy();
+    const RATE: f64 = 200.0;
+    for_each_interpreter(|py| {
+        let dir = temp_dir("prefork");
+        let out_path = dir.join("p.json");
+        let argv = py.argv("prefork.py", &[]);
+        let rate = RATE.to_string();
+        let mut args = vec!["--subprocesses", "-r", &rate, "-q", "-o", out_path.to_str().unwrap(), "--"];
+        args.extend(argv.iter().map(String::as_str));
+        let out = record(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        // "worker PID SECS BORN", one line per worker reaped.
+        let workers: Vec<(i32, f64, bool)> = stderr
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.strip_prefix("worker ")?.split(' ').collect();
+                Some((f.first()?.parse().ok()?, f.get(1)?.parse().ok()?, *f.get(2)? == "1"))
+            })
+            .collect();
+        assert_eq!(workers.len(), 9, "workers reaped: {stderr}");
+        let p = read_profile(&out_path);
+        let samples_of = |pid: i32| -> u64 {
+            let prefix = format!("process {pid} (");
+            p.stacks
+                .iter()
+                .filter(|s| {
+                    s.frames.first().is_some_and(|&f| p.frames[f as usize].kind == FrameKind::Process && p.frames[f as usize].function.starts_with(&prefix))
+                })
+                .map(|s| s.count)
+                .sum()
+        };
+        let counts: Vec<(i32, u64)> = workers.iter().map(|&(pid, _, _)| (pid, samples_of(pid))).collect();
+        for &(pid, secs, born) in &workers {
+            let n = samples_of(pid);
+            assert!(n > 0, "worker {pid} has no samples: {counts:?}");
+            let floor = (0.7 * RATE * secs) as u64;
+            assert!(!born || n >= floor, "worker {pid} forked while recorded, worked {secs} s: {n} samples, under {floor}: {counts:?}");
+        }
+        assert!(inclusive(&p, "worker_loop") > 0);
+        let errors: Vec<_> = p.meta.errors.iter().filter(|(k, _)| !matches!(k.as_str(), "skipped_ticks" | "retried")).collect();
+        assert!(errors.is_empty(), "workers' exits counted as errors: {errors:?}");
+    });
+}
+
 #[test]
 fn bad_arguments_fail_fast_with_one_line() {
     let _serial = heavy();

@@ -4,6 +4,7 @@
 
 pub mod maps;
 pub mod memory;
+pub mod new_pids;
 pub mod prefetch;
 pub mod ptrace;
 pub mod replay;
@@ -141,6 +142,17 @@ fn clock_secs(clock: libc::clockid_t) -> Option<f64> {
         return None;
     }
     Some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+}
+
+/// Whether process `pid` is on its way out (its main thread has PF_EXITING
+/// set): from then on ptrace refuses to seize it and its memory may be
+/// gone, well before /proc shows it as a zombie.
+pub fn is_exiting(pid: i32) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return true };
+    // comm may hold spaces and parentheses: fields follow the last ')'; flags is field 9.
+    let flags = stat.rfind(')').and_then(|i| stat.get(i + 2..)).and_then(|r| r.split(' ').nth(6)).and_then(|f| f.parse::<u64>().ok());
+    flags.is_some_and(|f| f & PF_EXITING != 0)
 }
 
 /// One-letter scheduler state of a thread ('R' running, 'S' sleeping, ...).

@@ -259,8 +259,10 @@ fn tracer_of(pid: i32, tid: i32) -> Option<i32> {
 /// Block SIGCHLD in this thread, once: the kernel reports each tracee stop
 /// with a SIGCHLD, and a blocked one stays pending for `sigtimedwait`
 /// instead of being discarded, so no stop report can slip between a poll
-/// and the sleep that waits for it.
-fn block_sigchld() {
+/// and the sleep that waits for it. Called before threads that stop
+/// targets are started, so that they inherit the mask and no thread that
+/// ignores SIGCHLD takes one meant for them.
+pub fn block_sigchld() {
     thread_local!(static BLOCKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
     if BLOCKED.with(|b| b.replace(true)) {
         return;
@@ -274,11 +276,19 @@ fn block_sigchld() {
     }
 }
 
-/// Sleep until a SIGCHLD arrives or `until` passes. Sleeping, not polling:
-/// on a machine with few CPUs a polling tracer takes the very CPU the
-/// target needs to reach its stop.
+/// The longest one sleep for a SIGCHLD lasts. The kernel sends SIGCHLD to
+/// the tracer's process, not to the thread that waits: when several threads
+/// wait for stops at once (processes snapshotted in parallel), one of them
+/// may take the SIGCHLD that reported another's tracee, and that one would
+/// sleep to its deadline. A 1 ms look is far shorter than a tick and costs
+/// nothing next to the wait.
+const WAKE_SLICE: Duration = Duration::from_millis(1);
+
+/// Sleep until a SIGCHLD arrives, `until` passes, or [`WAKE_SLICE`] does.
+/// Sleeping, not polling: on a machine with few CPUs a polling tracer takes
+/// the very CPU the target needs to reach its stop.
 fn sleep_for_sigchld(until: Instant) {
-    let left = until.saturating_duration_since(Instant::now());
+    let left = until.saturating_duration_since(Instant::now()).min(WAKE_SLICE);
     let ts = libc::timespec { tv_sec: left.as_secs() as libc::time_t, tv_nsec: left.subsec_nanos() as libc::c_long };
     // SAFETY: valid set and timespec; the siginfo out pointer may be null.
     unsafe {

@@ -1,43 +1,136 @@
 //! `--subprocesses`: descendants of the recorded process, attached once
 //! they run Python (a child may exec its interpreter a little later).
+//!
+//! Looked for at every tick, so a worker is sampled from its first tick:
+//! the pids created since the last tick ([`NewPids`], one read when nothing
+//! was) are the only ones looked at, and a fork child of a followed process
+//! is attached from its parent's session ([`Session::attach_fork_child`]).
+//! Listing all of /proc is left for a rare sweep (anything the cheap look
+//! could miss: a burst of more pids than it looks at, or no /proc/loadavg).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use crate::attach::AttachOptions;
 use crate::process::descendants;
+use crate::process::new_pids::{Created, NewPids, parent_of_process};
 use crate::sampler::Discover;
 use crate::session::Session;
 
 /// Attempts per child before it is taken for a program that is not Python.
 const MAX_TRIES: u32 = 20;
+/// Between attempts at a child that was not Python yet.
+const RETRY_EVERY: Duration = Duration::from_millis(100);
+/// Between listings of all of /proc.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// New pids looked at one by one in a tick; more, and /proc is listed.
+const MAX_NEW: usize = 512;
 
 pub struct ChildFinder {
     roots: Vec<i32>,
     opts: AttachOptions,
-    /// pid → failed attach attempts.
-    tried: HashMap<i32, u32>,
+    new_pids: Option<NewPids>,
+    /// Descendants seen so far, Python or not (a shell's children count).
+    family: HashSet<i32>,
+    /// pid → failed attach attempts, for children not attached yet.
+    pending: HashMap<i32, u32>,
+    last_sweep: Option<Instant>,
+    last_retry: Instant,
 }
 
 impl ChildFinder {
     pub fn new(root: i32, opts: AttachOptions) -> ChildFinder {
-        ChildFinder { roots: vec![root], opts, tried: HashMap::new() }
+        ChildFinder {
+            roots: vec![root],
+            opts,
+            new_pids: NewPids::open(),
+            family: HashSet::from([root]),
+            pending: HashMap::new(),
+            last_sweep: None,
+            last_retry: Instant::now(),
+        }
+    }
+
+    fn sweep(&mut self, sessions: &mut Vec<Session>) {
+        self.family.retain(|&p| self.roots.contains(&p) || std::path::Path::new(&format!("/proc/{p}")).exists());
+        self.pending.retain(|p, _| self.family.contains(p));
+        for pid in descendants(&self.roots) {
+            if self.family.insert(pid) {
+                self.pending.insert(pid, 0);
+            }
+        }
+        self.retry(sessions);
+    }
+
+    fn retry(&mut self, sessions: &mut Vec<Session>) {
+        let mut pids: Vec<i32> = self.pending.keys().copied().collect();
+        pids.sort_unstable();
+        for pid in pids {
+            self.try_attach(pid, None, sessions);
+        }
+    }
+
+    /// One attempt at `pid`; `parent` when its parent is known already.
+    fn try_attach(&mut self, pid: i32, parent: Option<i32>, sessions: &mut Vec<Session>) {
+        if sessions.iter().any(|s| s.pid() == pid) {
+            self.pending.remove(&pid);
+            return;
+        }
+        let tries = self.pending.entry(pid).or_insert(0);
+        if *tries >= MAX_TRIES {
+            return;
+        }
+        *tries += 1;
+        // Children found by listing /proc too (those there at the start,
+        // typically a server's first workers) may be fork children.
+        let parent = parent.or_else(|| parent_of_process(pid)).and_then(|pp| sessions.iter().find(|s| s.pid() == pp));
+        let attached = match parent {
+            Some(p) => Session::attach_fork_child(p, pid, &self.opts),
+            None => Session::attach(pid, &self.opts),
+        };
+        match attached {
+            Ok(s) => {
+                self.pending.remove(&pid);
+                sessions.push(s);
+            }
+            Err(e) if e.is_process_gone() => {
+                self.pending.remove(&pid);
+            }
+            Err(_) => {}
+        }
     }
 }
 
 impl Discover for ChildFinder {
     fn poll(&mut self, sessions: &mut Vec<Session>) {
-        for pid in descendants(&self.roots) {
-            if sessions.iter().any(|s| s.pid() == pid) {
-                continue;
-            }
-            let tries = self.tried.entry(pid).or_insert(0);
-            if *tries >= MAX_TRIES {
-                continue;
-            }
-            *tries += 1;
-            if let Ok(s) = Session::attach(pid, &self.opts) {
-                sessions.push(s);
+        let now = Instant::now();
+        let created = match &mut self.new_pids {
+            Some(n) => n.since_last(MAX_NEW),
+            None => Created::TooMany,
+        };
+        let sweep_due = self.last_sweep.is_none_or(|t| now - t >= SWEEP_EVERY);
+        if created == Created::TooMany || sweep_due {
+            self.last_sweep = Some(now);
+            self.last_retry = now;
+            self.sweep(sessions);
+            return;
+        }
+        if let Created::Pids(pids) = created {
+            for pid in pids {
+                let Some(ppid) = parent_of_process(pid) else { continue };
+                if self.family.contains(&ppid) {
+                    self.family.insert(pid);
+                    self.try_attach(pid, Some(ppid), sessions);
+                }
             }
         }
+        if !self.pending.is_empty() && now - self.last_retry >= RETRY_EVERY {
+            self.last_retry = now;
+            self.retry(sessions);
+        }
+    }
+
+    fn execd(&mut self, pid: i32) {
+        self.pending.insert(pid, 0);
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::profile::aggregate::Aggregator;
 use crate::session::{Session, SnapshotNeeds};
-use crate::stack::Frame;
+use crate::stack::{Frame, ThreadStack};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -229,9 +229,14 @@ impl Sink for Aggregator {
     }
 }
 
-/// Called between ticks to look for new child processes (`--subprocesses`).
+/// Called after every tick to look for new child processes
+/// (`--subprocesses`): cheap when nothing was created, since it runs at the
+/// sampling rate.
 pub trait Discover {
     fn poll(&mut self, sessions: &mut Vec<Session>);
+
+    /// Session `pid` was dropped because the process exec'd: attach it anew.
+    fn execd(&mut self, _pid: i32) {}
 }
 
 /// A GC share of 0 is a finding only where `<GC>` frames are added at all.
@@ -239,6 +244,42 @@ fn note_gc_frames(sessions: &[Session], stats: &mut SamplerStats) {
     if sessions.iter().any(Session::gc_frames) {
         stats.gc_samples.get_or_insert(0);
     }
+}
+
+/// Most snapshots taken at once: past this many processes, the rest wait.
+const MAX_PARALLEL: usize = 64;
+
+/// One snapshot of every session, in the sessions' order, with how long
+/// each held its target. Where a snapshot waits for a thread to stop, the
+/// wait lasts until that thread gets a CPU, which many spinning processes
+/// share: waited for one process after another, those waits add up to more
+/// than a tick (16 workers got 1–2 of 100 Hz). So the sessions are
+/// snapshotted each on its own thread, all stops asked for at once. A
+/// session is wholly handled by one thread within the tick (ptrace's tracer
+/// is the thread that seized, and nothing stays seized between ticks), and
+/// each snapshot is still of the instant its own stop chose.
+fn snapshot_all(sessions: &mut [Session], needs: SnapshotNeeds) -> Vec<(crate::error::Result<Vec<ThreadStack>>, Duration)> {
+    let one = |s: &mut Session| {
+        let before = s.held_total();
+        let r = s.snapshot(needs);
+        (r, s.held_total().saturating_sub(before))
+    };
+    if sessions.len() < 2 || !sessions.iter().any(Session::stops_threads) {
+        return sessions.iter_mut().map(one).collect();
+    }
+    crate::process::ptrace::block_sigchld();
+    let mut out = Vec::with_capacity(sessions.len());
+    for chunk in sessions.chunks_mut(MAX_PARALLEL) {
+        let Some((first, rest)) = chunk.split_first_mut() else { continue };
+        std::thread::scope(|scope| {
+            // The first on this thread: one thread fewer to start a tick.
+            let handles: Vec<_> = rest.iter_mut().map(|s| scope.spawn(move || one(s))).collect();
+            out.push(one(first));
+            // A panic in a snapshot goes on as it would have on this thread.
+            out.extend(handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
+        });
+    }
+    out
 }
 
 pub fn run(
@@ -261,7 +302,6 @@ pub fn run(
     let commands: Vec<String> = sessions.iter().map(|s| s.attached().target.cmdline().join(" ")).collect();
     let mut commands: std::collections::HashMap<i32, String> = sessions.iter().map(|s| s.pid()).zip(commands).collect();
     let mut last_progress = Duration::ZERO;
-    let mut last_discover = Duration::ZERO;
     let torn = crate::stack::Frame::python(TORN, "", 0);
     let reason = loop {
         timer.wait();
@@ -273,14 +313,14 @@ pub fn run(
             break StopReason::Duration;
         }
         stats.ticks += 1;
-        let mut i = 0;
         let mut threads_seen = 0;
         let mut held = Duration::ZERO;
-        while i < sessions.len() {
+        let snapshots = snapshot_all(sessions, needs);
+        let mut gone = Vec::new();
+        let mut execd = Vec::new();
+        for (i, (snapshot, held_now)) in snapshots.into_iter().enumerate() {
             let s = &mut sessions[i];
-            let held_before = s.held_total();
-            let snapshot = s.snapshot(needs);
-            held = held.max(s.held_total().saturating_sub(held_before));
+            held = held.max(held_now);
             match snapshot {
                 Ok(threads) => {
                     let pid = s.pid();
@@ -306,31 +346,42 @@ pub fn run(
                         }
                     }
                     s.recycle(threads);
-                    i += 1;
                 }
-                Err(e) if e.is_process_gone() || !s.attached().target.is_alive() => {
+                // A process that exits mid-snapshot fails it in many ways (a
+                // refused seize, a read of freed memory): its end, not an error.
+                Err(e) if e.is_process_gone() || !s.attached().target.is_alive() || crate::process::is_exiting(s.pid()) => {
                     stats.syscalls += s.attached().mem.syscalls();
                     stats.add_session(s);
-                    sessions.remove(i);
+                    gone.push(i);
+                }
+                Err(_) if s.execd() => {
+                    stats.syscalls += s.attached().mem.syscalls();
+                    stats.add_session(s);
+                    gone.push(i);
+                    execd.push(s.pid());
                 }
                 Err(e) => {
                     *stats.errors.entry(error_kind(&e).to_string()).or_insert(0) += 1;
-                    i += 1;
                 }
             }
+        }
+        for i in gone.into_iter().rev() {
+            sessions.remove(i);
+        }
+        if let Some(d) = discover.as_deref_mut() {
+            execd.into_iter().for_each(|pid| d.execd(pid));
         }
         timer.rest(held);
         if sessions.is_empty() {
             break StopReason::TargetExited;
         }
         if let Some(d) = discover.as_deref_mut() {
-            if elapsed - last_discover >= Duration::from_millis(100) {
-                last_discover = elapsed;
-                let before = sessions.len();
-                d.poll(sessions);
-                for s in &sessions[before..] {
-                    commands.insert(s.pid(), s.attached().target.cmdline().join(" "));
-                }
+            let before = sessions.len();
+            d.poll(sessions);
+            for s in &sessions[before..] {
+                commands.insert(s.pid(), s.attached().target.cmdline().join(" "));
+            }
+            if sessions.len() > before {
                 note_gc_frames(sessions, &mut stats);
             }
         }
