@@ -115,6 +115,13 @@ impl Session {
     /// while the collector runs on it).
     pub fn snapshot(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
         let a = &self.attached;
+        if needs.stop_running_only {
+            // `--mode cpu` asks every thread's state at every tick: from the
+            // kernel's context-switch records, one poll a tick, rather than a
+            // /proc read per thread. Refused, it stays with /proc.
+            let _ = a.target.track_run_states();
+            a.target.poll_run_states();
+        }
         if let Some(tasks) = self.python.tasks_mut() {
             // asyncio is imported whenever the program likes: looked for
             // until found, a few times a second.
