@@ -23,10 +23,17 @@
 //!
 //! What "on CPU" means here is what `/proc` calls 'R': the last record is a
 //! switch-in (running), or a switch-out with the preempted flag (still
-//! runnable, waiting for a CPU). It differs from `/proc` in one case: a
-//! thread woken up but not yet given a CPU leaves no record, so it reads
-//! 'S' here until it runs ('R' in `/proc`). Lost records (a full ring) make
-//! the tracker re-read every thread from `/proc` once.
+//! runnable, waiting for a CPU). A wakeup leaves no record, so a thread that
+//! switched out without the flag (it blocked, or a ptrace stop held it) is
+//! read once from `/proc` at the poll that sees the switch: woken since and
+//! waiting for a CPU, it is 'R' there. Without that, a thread pyprof itself
+//! held for a sample and let go would read 'S' until the scheduler gave it
+//! a CPU again, and on a busy machine spinning threads would go missing.
+//! That costs a `/proc` read per blocking of a thread, not per thread per
+//! tick. What is left: a thread that slept at that poll and was woken after
+//! it reads 'S' until it runs ('R' in `/proc`), and, as with `/proc`, a
+//! thread may switch between the poll and the question. Lost records (a
+//! full ring) make the tracker re-read every thread from `/proc` once.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -116,6 +123,8 @@ pub struct RunStatesStats {
     pub lost: u64,
     /// Full re-reads from `/proc` after lost records.
     pub resyncs: u64,
+    /// `/proc` reads of threads seen switching out without being preempted.
+    pub rechecks: u64,
     /// Threads that could not be followed (they read `/proc` each time).
     pub refused: u64,
 }
@@ -194,6 +203,10 @@ pub struct RunStates {
     scratch: Vec<u8>,
     /// Records of one ring, read before they are applied.
     pending: Vec<Record>,
+    /// Threads seen blocking (or held) in this poll, to read from `/proc`.
+    recheck: Vec<i32>,
+    /// Their stat files, kept open: the same few threads block tick after tick.
+    proc_files: super::task_states::TaskStates,
 }
 
 // SAFETY: the rings are owned mappings of this value only; nothing else
@@ -226,6 +239,8 @@ impl RunStates {
             stats: RunStatesStats::default(),
             scratch: Vec::new(),
             pending: Vec::new(),
+            recheck: Vec::new(),
+            proc_files: Default::default(),
         };
         let mut first_err = None;
         for &tid in &tids {
@@ -329,6 +344,27 @@ impl RunStates {
             }
             self.pending = pending;
         }
+        // Only the last record of each counts, and a thread woken since
+        // its switch-out is runnable ('R') in /proc.
+        let mut recheck = std::mem::take(&mut self.recheck);
+        recheck.sort_unstable();
+        recheck.dedup();
+        for &tid in &recheck {
+            if let Some(&Seen { on_cpu: false, time }) = self.seen.get(&tid) {
+                self.stats.rechecks += 1;
+                match self.proc_files.state(self.pid, tid) {
+                    Some(c) if c != 'Z' && c != 'X' => {
+                        self.seen.insert(tid, Seen { on_cpu: c == 'R', time });
+                    }
+                    _ => {
+                        self.seen.remove(&tid);
+                        self.events.remove(&tid);
+                    }
+                }
+            }
+        }
+        recheck.clear();
+        self.recheck = recheck;
         if self.lost {
             self.lost = false;
             self.stats.resyncs += 1;
@@ -348,6 +384,9 @@ impl RunStates {
                     // Records of one thread come from several rings: the latest wins.
                     if time >= s.time {
                         *s = Seen { on_cpu, time };
+                        if !on_cpu {
+                            self.recheck.push(tid);
+                        }
                     }
                 }
             }
