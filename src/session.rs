@@ -20,6 +20,8 @@ pub struct Session {
     freezer: Freezer,
     /// `<GC>`, put on top of the stack of the thread the collector runs on.
     gc_frame: Option<Frame>,
+    /// Why `--mode cpu` reads thread states from /proc here, if it does.
+    run_states_refused: Option<String>,
 }
 
 impl Session {
@@ -50,7 +52,7 @@ impl Session {
             // (ptrace forbidden, or a debugger already holds them).
             probe_stopping(pid)?;
         }
-        Ok(Session { attached, python, native, freezer: Freezer::new(opts.sampling), gc_frame })
+        Ok(Session { attached, python, native, freezer: Freezer::new(opts.sampling), gc_frame, run_states_refused: None })
     }
 
     /// How the snapshots so far were obtained, and how long the target was held.
@@ -99,6 +101,16 @@ impl Session {
         self.native.as_ref().map_or(&[], |n| &n.state.warnings)
     }
 
+    /// `--mode cpu`: how thread states were learned (context switches, or
+    /// /proc and why); None when they were not asked for at every tick.
+    pub fn run_states(&self) -> Option<Result<crate::process::run_states::RunStatesStats, String>> {
+        match (&self.run_states_refused, self.attached.target.run_states_stats()) {
+            (Some(why), _) => Some(Err(why.clone())),
+            (None, Some(s)) => Some(Ok(s)),
+            (None, None) => None,
+        }
+    }
+
     /// `--async` counts so far.
     pub fn task_stats(&self) -> Option<TaskStats> {
         self.python.task_stats()
@@ -119,7 +131,9 @@ impl Session {
             // `--mode cpu` asks every thread's state at every tick: from the
             // kernel's context-switch records, one poll a tick, rather than a
             // /proc read per thread. Refused, it stays with /proc.
-            let _ = a.target.track_run_states();
+            if let Err(e) = a.target.track_run_states() {
+                self.run_states_refused = Some(e.to_string());
+            }
             a.target.poll_run_states();
         }
         if let Some(tasks) = self.python.tasks_mut() {

@@ -129,6 +129,64 @@ pub struct RunStatesStats {
     pub refused: u64,
 }
 
+impl RunStatesStats {
+    fn add(&mut self, o: &RunStatesStats) {
+        self.threads += o.threads;
+        self.records += o.records;
+        self.lost += o.lost;
+        self.resyncs += o.resyncs;
+        self.rechecks += o.rechecks;
+        self.refused += o.refused;
+    }
+}
+
+/// How a recording's processes had their thread states read, for its summary.
+#[derive(Debug, Default, Clone)]
+pub struct RunStatesSummary {
+    /// Processes followed through their context switches, and what that did.
+    pub tracked: u64,
+    pub stats: RunStatesStats,
+    /// Processes left to /proc reads, and the first reason.
+    pub refused: u64,
+    pub why: Option<String>,
+}
+
+impl RunStatesSummary {
+    /// One process's outcome: its tracker's stats, or why there is none.
+    pub fn add(&mut self, outcome: &Result<RunStatesStats, String>) {
+        match outcome {
+            Ok(s) => {
+                self.tracked += 1;
+                self.stats.add(s);
+            }
+            Err(why) => {
+                self.refused += 1;
+                self.why.get_or_insert_with(|| why.clone());
+            }
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        let mut out = String::from("thread states");
+        if self.tracked > 0 {
+            let s = &self.stats;
+            out.push_str(&format!(
+                " from context switches in {} process(es): {} records, {} /proc reads of threads seen blocking, {} records lost ({} full re-reads), {} threads not followed",
+                self.tracked, s.records, s.rechecks, s.lost, s.resyncs, s.refused
+            ));
+        }
+        if self.refused > 0 {
+            out.push_str(&format!(
+                "{} from /proc reads in {} process(es) (one per thread per tick): {}",
+                if self.tracked > 0 { ";" } else { "" },
+                self.refused,
+                self.why.as_deref().unwrap_or("")
+            ));
+        }
+        out
+    }
+}
+
 /// A thread's state as the records tell it.
 #[derive(Clone, Copy)]
 struct Seen {
