@@ -38,9 +38,8 @@ fn main() {
         let t0 = Instant::now();
         rs.poll();
         poll_time += t0.elapsed();
-        let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
-            .unwrap_or_default();
+        let tids: Vec<i32> =
+            std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()).unwrap_or_default();
         if tids.is_empty() {
             break;
         }

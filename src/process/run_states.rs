@@ -282,9 +282,8 @@ impl RunStates {
     /// will not give even the first thread's events (the caller falls back
     /// to `/proc`).
     pub fn open(pid: i32) -> Result<RunStates, RunStatesError> {
-        let mut tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
-            .unwrap_or_default();
+        let mut tids: Vec<i32> =
+            std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()).unwrap_or_default();
         tids.sort_unstable();
         let mut rs = RunStates {
             pid,
