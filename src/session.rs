@@ -22,6 +22,8 @@ pub struct Session {
     gc_frame: Option<Frame>,
     /// Attached from its parent's session: it may exec after that.
     fork_child: bool,
+    /// Why `--mode cpu` reads thread states from /proc here, if it does.
+    run_states_refused: Option<String>,
 }
 
 impl Session {
@@ -70,7 +72,7 @@ impl Session {
             // (ptrace forbidden, or a debugger already holds them).
             probe_stopping(pid)?;
         }
-        Ok(Session { attached, python, native, freezer: Freezer::new(opts.sampling), gc_frame, fork_child: false })
+        Ok(Session { attached, python, native, freezer: Freezer::new(opts.sampling), gc_frame, fork_child: false, run_states_refused: None })
     }
 
     /// How the snapshots so far were obtained, and how long the target was held.
@@ -138,6 +140,16 @@ impl Session {
         self.native.as_ref().map_or(&[], |n| &n.state.warnings)
     }
 
+    /// `--mode cpu`: how thread states were learned (context switches, or
+    /// /proc and why); None when they were not asked for at every tick.
+    pub fn run_states(&self) -> Option<Result<crate::process::run_states::RunStatesStats, String>> {
+        match (&self.run_states_refused, self.attached.target.run_states_stats()) {
+            (Some(why), _) => Some(Err(why.clone())),
+            (None, Some(s)) => Some(Ok(s)),
+            (None, None) => None,
+        }
+    }
+
     /// `--async` counts so far.
     pub fn task_stats(&self) -> Option<TaskStats> {
         self.python.task_stats()
@@ -154,6 +166,15 @@ impl Session {
     /// while the collector runs on it).
     pub fn snapshot(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
         let a = &self.attached;
+        if needs.stop_running_only {
+            // `--mode cpu` asks every thread's state at every tick: from the
+            // kernel's context-switch records, one poll a tick, rather than a
+            // /proc read per thread. Refused, it stays with /proc.
+            if let Err(e) = a.target.track_run_states() {
+                self.run_states_refused = Some(e.to_string());
+            }
+            a.target.poll_run_states();
+        }
         if let Some(tasks) = self.python.tasks_mut() {
             // asyncio is imported whenever the program likes: looked for
             // until found, a few times a second.

@@ -8,19 +8,32 @@ pub mod new_pids;
 pub mod prefetch;
 pub mod ptrace;
 pub mod replay;
+pub mod run_states;
 pub mod task_states;
 
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result, permission_hint};
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Target {
     pub pid: i32,
     /// The working directory at attach, as the target sees it ([`cwd`]).
     pub cwd: Option<String>,
     /// Its threads' stat files, kept open for [`Target::task_state`].
     states: std::cell::RefCell<task_states::TaskStates>,
+    /// `--mode cpu`: the threads' states from their context switches
+    /// ([`Target::track_run_states`]); None until then, or when refused.
+    run_states: std::cell::RefCell<Option<run_states::RunStates>>,
+    /// Whether [`Target::track_run_states`] was tried (it is tried once).
+    run_states_tried: std::cell::Cell<bool>,
+}
+
+/// A copy starts with no open files and no perf events of its own.
+impl Clone for Target {
+    fn clone(&self) -> Self {
+        Target { pid: self.pid, cwd: self.cwd.clone(), states: Default::default(), run_states: Default::default(), run_states_tried: Default::default() }
+    }
 }
 
 impl Target {
@@ -47,14 +60,46 @@ impl Target {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::NoSuchProcess(pid)),
             Err(e) => return Err(e.into()),
         }
-        Ok(Target { pid, cwd: cwd(pid), states: Default::default() })
+        Ok(Target { pid, cwd: cwd(pid), states: Default::default(), run_states: Default::default(), run_states_tried: Default::default() })
     }
 
     /// One-letter scheduler state of thread `tid` ('R' running, 'S'
     /// sleeping, ...), as [`task_state`] but in one syscall once the
-    /// thread's file is open (`--mode cpu` asks every thread at every tick).
+    /// thread's file is open (`--mode cpu` asks every thread at every tick),
+    /// or in none once [`Target::track_run_states`] follows the thread
+    /// (then 'R' or 'S' only, as of the last [`Target::poll_run_states`]).
     pub fn task_state(&self, tid: i32) -> Option<char> {
+        if let Some(rs) = self.run_states.borrow_mut().as_mut() {
+            if let Some(c) = rs.track(tid) {
+                return Some(c);
+            }
+        }
         self.states.borrow_mut().state(self.pid, tid)
+    }
+
+    /// Answer [`Target::task_state`] from the threads' context-switch
+    /// records from now on (see [`run_states`]): for asking every thread at
+    /// every tick. Tried once; when the kernel refuses (perf_event_paranoid,
+    /// seccomp), the states keep coming from `/proc` and the error says why.
+    pub fn track_run_states(&self) -> Result<(), run_states::RunStatesError> {
+        if self.run_states_tried.replace(true) {
+            return Ok(());
+        }
+        *self.run_states.borrow_mut() = Some(run_states::RunStates::open(self.pid)?);
+        Ok(())
+    }
+
+    /// Take in the context switches since the last call; once per tick,
+    /// before the states are asked for. Does nothing unless tracking.
+    pub fn poll_run_states(&self) {
+        if let Some(rs) = self.run_states.borrow_mut().as_mut() {
+            rs.poll();
+        }
+    }
+
+    /// What the context-switch tracker has done, if it runs.
+    pub fn run_states_stats(&self) -> Option<run_states::RunStatesStats> {
+        self.run_states.borrow().as_ref().map(|rs| rs.stats())
     }
 
     pub fn is_alive(&self) -> bool {

@@ -142,6 +142,9 @@ pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, nativ
     } else {
         eprintln!("pyprof: {}", describe(&stats.acquire, stats.elapsed));
     }
+    if let Some(r) = &stats.run_states {
+        eprintln!("pyprof: {}", r.describe());
+    }
     for w in &stats.native_warnings {
         eprintln!("pyprof: warning: {w}");
     }

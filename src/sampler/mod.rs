@@ -96,6 +96,8 @@ pub struct SamplerStats {
     pub gc_samples: Option<u64>,
     /// `--async`: how the task graphs were read.
     pub tasks: Option<crate::python::asyncio::TaskStats>,
+    /// `--mode cpu`: how thread states were learned.
+    pub run_states: Option<crate::process::run_states::RunStatesSummary>,
 }
 
 impl SamplerStats {
@@ -110,6 +112,9 @@ impl SamplerStats {
             self.tasks.get_or_insert_with(Default::default).add(&t);
         }
         self.add_warnings(s.native_warnings());
+        if let Some(r) = s.run_states() {
+            self.run_states.get_or_insert_with(Default::default).add(&r);
+        }
     }
 
     fn add_warnings(&mut self, ws: &[String]) {

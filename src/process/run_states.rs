@@ -1,0 +1,763 @@
+//! Which threads of one process are on a CPU, kept up to date from the
+//! kernel's context-switch records, so that `--mode cpu` asks without a
+//! syscall per thread per tick (a `/proc/PID/task/TID/stat` read each, see
+//! [`super::task_states`]).
+//!
+//! Every thread gets a software dummy perf event with `context_switch`: the
+//! kernel writes a `PERF_RECORD_SWITCH` into a ring buffer each time the
+//! thread goes on or off a CPU. [`RunStates::poll`] reads what came in since
+//! the last poll (memory only), and [`RunStates::state`] answers from there.
+//!
+//! Layout, and why: a per-thread event with `cpu = -1` cannot share a ring
+//! with another thread's (`PERF_EVENT_IOC_SET_OUTPUT` wants the same task
+//! for `cpu = -1` events) nor be inherited by new threads when it has a
+//! ring (`mmap` of an inherited `cpu = -1` event is refused). One ring per
+//! thread would make every poll touch every thread's ring. So each thread
+//! gets one event per CPU instead (pid = tid, cpu = N), and all events of
+//! CPU N write into one ring: a poll reads one ring per CPU whatever the
+//! thread count. The price is threads × CPUs descriptors, opened once per
+//! thread. Records of one thread then land in several rings; their
+//! timestamps order them. Threads created later are not covered by
+//! inheritance: an event is opened for a thread when it is first asked
+//! about ([`RunStates::track`]).
+//!
+//! What "on CPU" means here is what `/proc` calls 'R': the last record is a
+//! switch-in (running), or a switch-out with the preempted flag (still
+//! runnable, waiting for a CPU). A wakeup leaves no record, so a thread that
+//! switched out without the flag (it blocked, or a ptrace stop held it) is
+//! read once from `/proc` at the poll that sees the switch: woken since and
+//! waiting for a CPU, it is 'R' there. Without that, a thread pyprof itself
+//! held for a sample and let go would read 'S' until the scheduler gave it
+//! a CPU again, and on a busy machine spinning threads would go missing.
+//! That costs a `/proc` read per blocking of a thread, not per thread per
+//! tick. What is left: a thread that slept at that poll and was woken after
+//! it reads 'S' until it runs ('R' in `/proc`), and, as with `/proc`, a
+//! thread may switch between the poll and the question. Lost records (a
+//! full ring) make the tracker re-read every thread from `/proc` once.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunStatesError {
+    /// perf_event_open refused (perf_event_paranoid, seccomp, no perf in
+    /// the kernel): the caller reads `/proc` instead.
+    #[error("perf_event_open refused for thread {tid}: {source}")]
+    Refused { tid: i32, source: std::io::Error },
+    #[error("cannot map a perf ring buffer: {0}")]
+    Map(std::io::Error),
+    #[error("process {0} has no thread to follow")]
+    NoThreads(i32),
+}
+
+/// Data pages per ring (a power of two). A switch record is 24 bytes, so
+/// 256 KiB holds about 10,000 switches per CPU between two polls.
+const RING_PAGES: usize = 64;
+
+const PERF_TYPE_SOFTWARE: u32 = 1;
+const PERF_COUNT_SW_DUMMY: u64 = 9;
+const PERF_SAMPLE_TID: u64 = 1 << 1;
+const PERF_SAMPLE_TIME: u64 = 1 << 2;
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+/// `_IO('$', 5)`.
+const PERF_EVENT_IOC_SET_OUTPUT: libc::c_ulong = 0x2405;
+
+const PERF_RECORD_LOST: u32 = 2;
+const PERF_RECORD_EXIT: u32 = 4;
+const PERF_RECORD_SWITCH: u32 = 14;
+const PERF_RECORD_MISC_SWITCH_OUT: u16 = 0x2000;
+const PERF_RECORD_MISC_SWITCH_OUT_PREEMPT: u16 = 0x4000;
+
+/// `struct perf_event_attr` up to `config3` (PERF_ATTR_SIZE_VER8); older
+/// kernels accept a larger struct whose extra fields are zero.
+#[repr(C)]
+#[derive(Default)]
+struct PerfEventAttr {
+    type_: u32,
+    size: u32,
+    config: u64,
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    flags: u64,
+    wakeup_events: u32,
+    bp_type: u32,
+    config1: u64,
+    config2: u64,
+    branch_sample_type: u64,
+    sample_regs_user: u64,
+    sample_stack_user: u32,
+    clockid: i32,
+    sample_regs_intr: u64,
+    aux_watermark: u32,
+    sample_max_stack: u16,
+    reserved_2: u16,
+    aux_sample_size: u32,
+    reserved_3: u32,
+    sig_data: u64,
+    config3: u64,
+}
+
+// Bits of perf_event_attr's flag word.
+const EXCLUDE_KERNEL: u64 = 1 << 5;
+const EXCLUDE_HV: u64 = 1 << 6;
+const TASK: u64 = 1 << 13;
+const SAMPLE_ID_ALL: u64 = 1 << 18;
+const CONTEXT_SWITCH: u64 = 1 << 26;
+
+/// Offsets in `struct perf_event_mmap_page`.
+const DATA_HEAD: usize = 1024;
+const DATA_TAIL: usize = 1032;
+const DATA_OFFSET: usize = 1040;
+const DATA_SIZE: usize = 1048;
+
+/// What the tracker has done so far.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RunStatesStats {
+    /// Threads followed now.
+    pub threads: usize,
+    pub records: u64,
+    /// Records the kernel dropped for a full ring.
+    pub lost: u64,
+    /// Full re-reads from `/proc` after lost records.
+    pub resyncs: u64,
+    /// `/proc` reads of threads seen switching out without being preempted.
+    pub rechecks: u64,
+    /// Threads that could not be followed (they read `/proc` each time).
+    pub refused: u64,
+}
+
+impl RunStatesStats {
+    fn add(&mut self, o: &RunStatesStats) {
+        self.threads += o.threads;
+        self.records += o.records;
+        self.lost += o.lost;
+        self.resyncs += o.resyncs;
+        self.rechecks += o.rechecks;
+        self.refused += o.refused;
+    }
+}
+
+/// How a recording's processes had their thread states read, for its summary.
+#[derive(Debug, Default, Clone)]
+pub struct RunStatesSummary {
+    /// Processes followed through their context switches, and what that did.
+    pub tracked: u64,
+    pub stats: RunStatesStats,
+    /// Processes left to /proc reads, and the first reason.
+    pub refused: u64,
+    pub why: Option<String>,
+}
+
+impl RunStatesSummary {
+    /// One process's outcome: its tracker's stats, or why there is none.
+    pub fn add(&mut self, outcome: &Result<RunStatesStats, String>) {
+        match outcome {
+            Ok(s) => {
+                self.tracked += 1;
+                self.stats.add(s);
+            }
+            Err(why) => {
+                self.refused += 1;
+                self.why.get_or_insert_with(|| why.clone());
+            }
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        let mut out = String::from("thread states");
+        if self.tracked > 0 {
+            let s = &self.stats;
+            out.push_str(&format!(
+                " from context switches in {} process(es): {} records, {} /proc reads of threads seen blocking, {} records lost ({} full re-reads), {} threads not followed",
+                self.tracked, s.records, s.rechecks, s.lost, s.resyncs, s.refused
+            ));
+        }
+        if self.refused > 0 {
+            out.push_str(&format!(
+                "{} from /proc reads in {} process(es) (one per thread per tick): {}",
+                if self.tracked > 0 { ";" } else { "" },
+                self.refused,
+                self.why.as_deref().unwrap_or("")
+            ));
+        }
+        out
+    }
+}
+
+/// A thread's state as the records tell it.
+#[derive(Clone, Copy)]
+struct Seen {
+    on_cpu: bool,
+    /// Time of the record it comes from; 0 when read from `/proc`, which any
+    /// record read later overrides (the record is at least as recent).
+    time: u64,
+}
+
+/// The ring of one CPU, with the event that owns it.
+struct Ring {
+    base: NonNull<u8>,
+    len: usize,
+    data_offset: usize,
+    data_size: usize,
+    fd: OwnedFd,
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: base and len are the mapping made in `Ring::map`, unmapped once.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+impl Ring {
+    fn map(fd: OwnedFd) -> Result<Ring, RunStatesError> {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let len = page * (1 + RING_PAGES);
+        // SAFETY: a fresh shared mapping of the event's ring; the kernel checks fd and len.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+        if p == libc::MAP_FAILED {
+            return Err(RunStatesError::Map(std::io::Error::last_os_error()));
+        }
+        let base = NonNull::new(p.cast::<u8>()).ok_or_else(|| RunStatesError::Map(std::io::Error::other("null mapping")))?;
+        let mut ring = Ring { base, len, data_offset: page, data_size: page * RING_PAGES, fd };
+        // Kernels since 4.1 say where the data is; older ones put it after the first page.
+        let (off, size) = (ring.word(DATA_OFFSET).load(Ordering::Relaxed) as usize, ring.word(DATA_SIZE).load(Ordering::Relaxed) as usize);
+        if size != 0 && off.checked_add(size).is_some_and(|end| end <= len) && size.is_power_of_two() {
+            (ring.data_offset, ring.data_size) = (off, size);
+        }
+        Ok(ring)
+    }
+
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        // SAFETY: the control page is mapped, 8-aligned words at fixed offsets
+        // that the kernel also reads and writes atomically.
+        unsafe { &*self.base.as_ptr().add(offset).cast::<AtomicU64>() }
+    }
+
+    fn data(&self) -> &[u8] {
+        // SAFETY: the data area lies inside the mapping (checked in `map`).
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(self.data_offset), self.data_size) }
+    }
+}
+
+pub struct RunStates {
+    pid: i32,
+    cpus: Vec<i32>,
+    /// One per CPU of `cpus`, created with the first thread's events.
+    rings: Vec<Ring>,
+    /// A thread's events on every CPU but those owning a ring (kept there).
+    events: HashMap<i32, Vec<OwnedFd>>,
+    seen: HashMap<i32, Seen>,
+    /// A ring lost records: every thread is re-read at the end of the poll.
+    lost: bool,
+    /// Opening failed for lack of descriptors: no more threads are added.
+    no_more: bool,
+    stats: RunStatesStats,
+    /// A record that wraps around the end of its ring, copied whole.
+    scratch: Vec<u8>,
+    /// Records of one ring, read before they are applied.
+    pending: Vec<Record>,
+    /// Threads seen blocking (or held) in this poll, to read from `/proc`.
+    recheck: Vec<i32>,
+    /// Their stat files, kept open: the same few threads block tick after tick.
+    proc_files: super::task_states::TaskStates,
+}
+
+// SAFETY: the rings are owned mappings of this value only; nothing else
+// holds their addresses.
+unsafe impl Send for RunStates {}
+
+impl std::fmt::Debug for RunStates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunStates").field("pid", &self.pid).field("cpus", &self.cpus.len()).field("stats", &self.stats).finish()
+    }
+}
+
+impl RunStates {
+    /// Follow every thread of `pid` there is now. Errors when the kernel
+    /// will not give even the first thread's events (the caller falls back
+    /// to `/proc`).
+    pub fn open(pid: i32) -> Result<RunStates, RunStatesError> {
+        let mut tids: Vec<i32> =
+            std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()).unwrap_or_default();
+        tids.sort_unstable();
+        let mut rs = RunStates {
+            pid,
+            cpus: online_cpus(),
+            rings: Vec::new(),
+            events: HashMap::new(),
+            seen: HashMap::new(),
+            lost: false,
+            no_more: false,
+            stats: RunStatesStats::default(),
+            scratch: Vec::new(),
+            pending: Vec::new(),
+            recheck: Vec::new(),
+            proc_files: Default::default(),
+        };
+        let mut first_err = None;
+        for &tid in &tids {
+            match rs.follow(tid) {
+                Ok(()) => {}
+                // A thread gone since the listing is no reason to give up.
+                Err(e) if rs.rings.is_empty() => first_err = first_err.or(Some(e)),
+                Err(_) => {}
+            }
+        }
+        if rs.rings.is_empty() {
+            return Err(first_err.unwrap_or(RunStatesError::NoThreads(pid)));
+        }
+        // States read after the events exist: a switch from here on is seen.
+        let followed: Vec<i32> = rs.events.keys().copied().collect();
+        for tid in followed {
+            rs.read_proc(tid);
+        }
+        rs.stats.threads = rs.seen.len();
+        Ok(rs)
+    }
+
+    /// Open `tid`'s events, one per CPU, each writing into its CPU's ring.
+    fn follow(&mut self, tid: i32) -> Result<(), RunStatesError> {
+        let mut fds = Vec::with_capacity(self.cpus.len());
+        let mut owners = Vec::new();
+        for (i, &cpu) in self.cpus.iter().enumerate() {
+            let fd = open_event(tid, cpu).map_err(|source| RunStatesError::Refused { tid, source })?;
+            if let Some(ring) = self.rings.get(i) {
+                // SAFETY: both are perf event descriptors of ours.
+                if unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_SET_OUTPUT as _, ring.fd.as_raw_fd()) } != 0 {
+                    return Err(RunStatesError::Refused { tid, source: std::io::Error::last_os_error() });
+                }
+                fds.push(fd);
+            } else {
+                owners.push(fd);
+            }
+        }
+        // The first thread's events own the rings; mapped only once all of
+        // them opened, so a thread refused halfway leaves no ring behind.
+        for fd in owners {
+            self.rings.push(Ring::map(fd)?);
+        }
+        self.events.insert(tid, fds);
+        Ok(())
+    }
+
+    /// On CPU ('R') or not ('S') as of the last [`poll`](Self::poll); None
+    /// for a thread not followed.
+    pub fn state(&self, tid: i32) -> Option<char> {
+        self.seen.get(&tid).map(|s| if s.on_cpu { 'R' } else { 'S' })
+    }
+
+    /// As [`state`](Self::state), and a thread not followed yet (one created
+    /// since `open`) is followed from now on: None only if it cannot be.
+    pub fn track(&mut self, tid: i32) -> Option<char> {
+        if let Some(c) = self.state(tid) {
+            return Some(c);
+        }
+        if self.no_more {
+            return None;
+        }
+        match self.follow(tid) {
+            Ok(()) => {
+                self.read_proc(tid);
+                self.stats.threads = self.seen.len();
+                self.state(tid)
+            }
+            Err(RunStatesError::Refused { source, .. }) => {
+                self.stats.refused += 1;
+                if matches!(source.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+                    // Keep the descriptors left for everything else pyprof opens.
+                    self.no_more = true;
+                }
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Take in the records written since the last poll: no syscall, unless
+    /// records were lost (then every thread's state is read from `/proc`).
+    pub fn poll(&mut self) {
+        for i in 0..self.rings.len() {
+            let ring = &self.rings[i];
+            // Acquire: the records before head are complete once head is seen.
+            let head = ring.word(DATA_HEAD).load(Ordering::Acquire);
+            let tail = ring.word(DATA_TAIL).load(Ordering::Relaxed);
+            let pending = &mut self.pending;
+            let end = drain(ring.data(), tail, head, &mut self.scratch, |rec| pending.extend(parse(rec)));
+            if end != head {
+                // A record that cannot be: the rest is dropped, and the
+                // states re-read as after lost records.
+                self.lost = true;
+            }
+            // Release: the kernel may overwrite what was read only after the reads.
+            ring.word(DATA_TAIL).store(head, Ordering::Release);
+            let mut pending = std::mem::take(&mut self.pending);
+            for r in pending.drain(..) {
+                self.apply(r);
+            }
+            self.pending = pending;
+        }
+        // Only the last record of each counts, and a thread woken since
+        // its switch-out is runnable ('R') in /proc.
+        let mut recheck = std::mem::take(&mut self.recheck);
+        recheck.sort_unstable();
+        recheck.dedup();
+        for &tid in &recheck {
+            if let Some(&Seen { on_cpu: false, time }) = self.seen.get(&tid) {
+                self.stats.rechecks += 1;
+                match self.proc_files.state(self.pid, tid) {
+                    Some(c) if c != 'Z' && c != 'X' => {
+                        self.seen.insert(tid, Seen { on_cpu: c == 'R', time });
+                    }
+                    _ => {
+                        self.seen.remove(&tid);
+                        self.events.remove(&tid);
+                    }
+                }
+            }
+        }
+        recheck.clear();
+        self.recheck = recheck;
+        if self.lost {
+            self.lost = false;
+            self.stats.resyncs += 1;
+            let tids: Vec<i32> = self.seen.keys().copied().collect();
+            for tid in tids {
+                self.read_proc(tid);
+            }
+        }
+        self.stats.threads = self.seen.len();
+    }
+
+    fn apply(&mut self, r: Record) {
+        self.stats.records += 1;
+        match r {
+            Record::Switch { tid, time, on_cpu } => {
+                if let Some(s) = self.seen.get_mut(&tid) {
+                    // Records of one thread come from several rings: the latest wins.
+                    if time >= s.time {
+                        *s = Seen { on_cpu, time };
+                        if !on_cpu {
+                            self.recheck.push(tid);
+                        }
+                    }
+                }
+            }
+            Record::Exit { tid } => {
+                self.seen.remove(&tid);
+                self.events.remove(&tid);
+            }
+            Record::Lost { count } => {
+                self.stats.lost += count;
+                self.lost = true;
+            }
+        }
+    }
+
+    /// `tid`'s state from `/proc`, until its next record; a thread gone is let go.
+    fn read_proc(&mut self, tid: i32) {
+        match super::task_state(self.pid, tid) {
+            Some('Z' | 'X') | None => {
+                self.seen.remove(&tid);
+                self.events.remove(&tid);
+            }
+            Some(c) => {
+                self.seen.insert(tid, Seen { on_cpu: c == 'R', time: 0 });
+            }
+        }
+    }
+
+    pub fn stats(&self) -> RunStatesStats {
+        self.stats
+    }
+}
+
+fn open_event(tid: i32, cpu: i32) -> std::io::Result<OwnedFd> {
+    let attr = PerfEventAttr {
+        type_: PERF_TYPE_SOFTWARE,
+        size: std::mem::size_of::<PerfEventAttr>() as u32,
+        config: PERF_COUNT_SW_DUMMY,
+        sample_type: PERF_SAMPLE_TID | PERF_SAMPLE_TIME,
+        flags: EXCLUDE_KERNEL | EXCLUDE_HV | TASK | SAMPLE_ID_ALL | CONTEXT_SWITCH,
+        ..Default::default()
+    };
+    // SAFETY: attr is a valid perf_event_attr of the size it states.
+    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, &attr as *const PerfEventAttr, tid, cpu, -1, PERF_FLAG_FD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor, ours alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The CPUs a thread may run on: /sys's online list, else 0..N.
+fn online_cpus() -> Vec<i32> {
+    if let Some(cpus) = std::fs::read_to_string("/sys/devices/system/cpu/online").ok().and_then(|s| parse_cpu_list(s.trim())) {
+        return cpus;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1);
+    (0..n as i32).collect()
+}
+
+/// "0-3,8,10-11" → [0, 1, 2, 3, 8, 10, 11]; None if malformed or empty.
+fn parse_cpu_list(s: &str) -> Option<Vec<i32>> {
+    let mut cpus = Vec::new();
+    for part in s.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (i32, i32) = (a.parse().ok()?, b.parse().ok()?);
+                if b < a || b - a > 65536 {
+                    return None;
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    (!cpus.is_empty()).then_some(cpus)
+}
+
+#[derive(Debug, PartialEq)]
+enum Record {
+    Switch { tid: i32, time: u64, on_cpu: bool },
+    Exit { tid: i32 },
+    Lost { count: u64 },
+}
+
+/// Hand each whole record between `tail` and `head` (positions that only
+/// grow; the ring holds them modulo its size) to `f`, copying one that
+/// wraps around the end into `scratch`. Returns how far it got: `head`, or
+/// short of it at a record that cannot be (size 0 or past `head`).
+fn drain(data: &[u8], mut tail: u64, head: u64, scratch: &mut Vec<u8>, mut f: impl FnMut(&[u8])) -> u64 {
+    let size = data.len() as u64;
+    if size == 0 || head.wrapping_sub(tail) > size {
+        return tail;
+    }
+    while tail < head {
+        let at = (tail % size) as usize;
+        let byte = |i: usize| data[(at + i) % data.len()];
+        let len = u16::from_le_bytes([byte(6), byte(7)]) as u64;
+        if len < 8 || tail + len > head {
+            break;
+        }
+        let len = len as usize;
+        if at + len <= data.len() {
+            f(&data[at..at + len]);
+        } else {
+            scratch.clear();
+            scratch.extend_from_slice(&data[at..]);
+            scratch.extend_from_slice(&data[..len - (data.len() - at)]);
+            f(scratch);
+        }
+        tail += len as u64;
+    }
+    tail
+}
+
+/// One record, as far as run states go; None for the kinds not asked for
+/// or a record too short for its kind.
+fn parse(rec: &[u8]) -> Option<Record> {
+    let u32_at = |i: usize| rec.get(i..i + 4).map(|b| u32::from_ne_bytes(b.try_into().unwrap_or_default()));
+    let u64_at = |i: usize| rec.get(i..i + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
+    let kind = u32_at(0)?;
+    let misc = u16::from_ne_bytes([*rec.get(4)?, *rec.get(5)?]);
+    match kind {
+        PERF_RECORD_SWITCH => {
+            // sample_id_all puts {pid, tid} then {time} at the end.
+            let n = rec.len().checked_sub(16).filter(|&n| n >= 8)?;
+            let tid = u32_at(n + 4)? as i32;
+            let time = u64_at(n + 8)?;
+            let out = misc & PERF_RECORD_MISC_SWITCH_OUT != 0;
+            Some(Record::Switch { tid, time, on_cpu: !out || misc & PERF_RECORD_MISC_SWITCH_OUT_PREEMPT != 0 })
+        }
+        // {pid, ppid, tid, ptid, time}, then the sample id.
+        PERF_RECORD_EXIT => Some(Record::Exit { tid: u32_at(16)? as i32 }),
+        // {id, lost}, then the sample id.
+        PERF_RECORD_LOST => Some(Record::Lost { count: u64_at(16)? }),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    use std::time::{Duration, Instant};
+
+    fn switch(tid: u32, time: u64, misc: u16) -> Vec<u8> {
+        let mut r = Vec::new();
+        r.extend_from_slice(&PERF_RECORD_SWITCH.to_ne_bytes());
+        r.extend_from_slice(&misc.to_ne_bytes());
+        r.extend_from_slice(&24u16.to_ne_bytes());
+        r.extend_from_slice(&7u32.to_ne_bytes());
+        r.extend_from_slice(&tid.to_ne_bytes());
+        r.extend_from_slice(&time.to_ne_bytes());
+        r
+    }
+
+    #[test]
+    fn parses_switches_exits_and_losses() {
+        assert_eq!(parse(&switch(9, 5, 0)), Some(Record::Switch { tid: 9, time: 5, on_cpu: true }));
+        assert_eq!(parse(&switch(9, 6, 0x2000)), Some(Record::Switch { tid: 9, time: 6, on_cpu: false }));
+        assert_eq!(parse(&switch(9, 7, 0x6000)), Some(Record::Switch { tid: 9, time: 7, on_cpu: true }));
+        assert_eq!(parse(&switch(9, 7, 0)[..12]), None);
+        assert_eq!(parse(&[1, 2, 3]), None);
+    }
+
+    #[test]
+    fn drains_records_across_the_end_of_the_ring() {
+        // A 64-byte ring holding two 24-byte records from position 48: the
+        // first runs off the end and goes on at the start.
+        let mut data = vec![0u8; 64];
+        let recs: Vec<Vec<u8>> = (0..2).map(|i| switch(i, 100 + i as u64, 0)).collect();
+        let mut pos = 48usize;
+        for r in &recs {
+            for &b in r {
+                data[pos % 64] = b;
+                pos += 1;
+            }
+        }
+        let mut seen = Vec::new();
+        let mut scratch = Vec::new();
+        let end = drain(&data, 48, 48 + 48, &mut scratch, |r| seen.push(r.to_vec()));
+        assert_eq!(end, 96);
+        assert_eq!(seen, recs);
+        // A record not whole yet is left for the next poll.
+        seen.clear();
+        assert_eq!(drain(&data, 48, 48 + 40, &mut scratch, |r| seen.push(r.to_vec())), 72);
+        assert_eq!(seen, recs[..1]);
+        // Nothing to read, a head too far ahead, a record of size 0: no progress.
+        assert_eq!(drain(&data, 96, 96, &mut scratch, |_| panic!()), 96);
+        assert_eq!(drain(&data, 0, 65, &mut scratch, |_| panic!()), 0);
+        assert_eq!(drain(&[0u8; 64], 0, 24, &mut scratch, |_| panic!()), 0);
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0-3,8,10-11"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
+        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
+        assert_eq!(parse_cpu_list(""), None);
+        assert_eq!(parse_cpu_list("3-1"), None);
+    }
+
+    /// Polls until `tid` reads `want`, or fails after a few seconds; then
+    /// checks that `/proc` agrees once the thread has settled.
+    fn settles(rs: &mut RunStates, tid: i32, want: char) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            rs.poll();
+            if rs.track(tid) == Some(want) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "thread {tid} never read {want:?} (reads {:?})", rs.state(tid));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn follows_own_threads_sleeping_spinning_and_back() {
+        let pid = std::process::id() as i32;
+        let stop = Arc::new(AtomicBool::new(false));
+        // A spinner, and three threads blocked on a channel; the first of
+        // them spins for a while when told to (until told to stop).
+        let spinner = {
+            let stop = stop.clone();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let h = std::thread::spawn(move || {
+                tx.send(nix::unistd::gettid().as_raw()).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            });
+            (rx.recv().unwrap(), h)
+        };
+        let mut sleepers = Vec::new();
+        for _ in 0..3 {
+            let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+            let (go_tx, go_rx) = std::sync::mpsc::channel::<Arc<AtomicBool>>();
+            let h = std::thread::spawn(move || {
+                tid_tx.send(nix::unistd::gettid().as_raw()).unwrap();
+                while let Ok(until) = go_rx.recv() {
+                    while !until.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            sleepers.push((tid_rx.recv().unwrap(), go_tx, h));
+        }
+        // Blocked for sure once /proc says so.
+        for (tid, _, _) in &sleepers {
+            while crate::process::task_state(pid, *tid) != Some('S') {
+                std::thread::yield_now();
+            }
+        }
+        let mut rs = match RunStates::open(pid) {
+            Ok(rs) => rs,
+            Err(e @ RunStatesError::Refused { .. }) => {
+                eprintln!("skipped: {e}");
+                stop.store(true, Ordering::Relaxed);
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        rs.poll();
+        for (tid, _, _) in &sleepers {
+            assert_eq!(rs.state(*tid), Some('S'), "blocked thread {tid}");
+        }
+        // Running, or preempted by the other tests and still runnable.
+        assert_eq!(rs.state(spinner.0), Some('R'));
+        // This thread asks while it runs.
+        assert_eq!(rs.state(nix::unistd::gettid().as_raw()), Some('R'));
+
+        let (tid, go, _) = &sleepers[0];
+        let until = Arc::new(AtomicBool::new(false));
+        go.send(until.clone()).unwrap();
+        settles(&mut rs, *tid, 'R');
+        until.store(true, Ordering::Relaxed);
+        settles(&mut rs, *tid, 'S');
+        // Back in recv: /proc agrees and the tracker stays put.
+        while crate::process::task_state(pid, *tid) != Some('S') {
+            std::thread::yield_now();
+        }
+        rs.poll();
+        assert_eq!(rs.state(*tid), Some('S'));
+        assert_eq!(rs.state(sleepers[1].0), Some('S'));
+
+        // A thread started after `open` is followed when first asked about.
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let late = std::thread::spawn(move || {
+            tid_tx.send(nix::unistd::gettid().as_raw()).unwrap();
+            done_rx.recv().ok();
+        });
+        let late_tid = tid_rx.recv().unwrap();
+        assert_eq!(rs.state(late_tid), None);
+        while crate::process::task_state(pid, late_tid) != Some('S') {
+            std::thread::yield_now();
+        }
+        assert_eq!(rs.track(late_tid), Some('S'));
+        // Woken: it runs, then exits, and the exit record lets it go.
+        done_tx.send(()).unwrap();
+        late.join().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while rs.state(late_tid).is_some() {
+            assert!(Instant::now() < deadline, "exited thread {late_tid} still followed");
+            rs.poll();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+
+        stop.store(true, Ordering::Relaxed);
+        spinner.1.join().unwrap();
+        for (_, go, h) in sleepers {
+            drop(go);
+            h.join().unwrap();
+        }
+        assert_eq!(rs.stats().lost, 0);
+    }
+}
