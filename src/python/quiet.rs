@@ -26,10 +26,10 @@ use crate::python::threads::ThreadState;
 
 /// Quiet snapshots per round of windows over the whole list: 1,000 states
 /// compared at once took a millisecond, which made every such tick late at
-/// 1 kHz; 1/16th of them take a sixteenth.
-pub const CYCLE: usize = 16;
+/// 1 kHz; 1/64th of them take a sixty-fourth.
+pub const CYCLE: usize = 64;
 /// Windows of fewer states than this are not worth their own call.
-pub const MIN_WINDOW: usize = 64;
+pub const MIN_WINDOW: usize = 16;
 /// Quiet snapshots at most since a round of windows last completed.
 pub const MAX_UNCHECKED: u32 = 2 * CYCLE as u32;
 

@@ -73,6 +73,18 @@ struct Pick {
     native_id: Option<u64>,
     /// None: undecided until its name is known (walked, judged after).
     selected: Option<bool>,
+    /// `--mode cpu`: its scheduler state as this snapshot began, before any
+    /// of its frames was read (that is the sample's instant for it).
+    state: Option<char>,
+}
+
+impl Pick {
+    /// Whether `--mode cpu` walks it: threads off a CPU are not recorded,
+    /// so not read. A thread the freezer holds reads 't'; whether it was
+    /// on a CPU is the freezer's to say (it asked before the stop).
+    fn may_be_on_cpu(&self) -> bool {
+        !matches!(self.state, None | Some('S' | 'D' | 'I' | 'Z' | 'X'))
+    }
 }
 
 /// Facts besides the stacks that a session's snapshots read, chosen once per
@@ -479,9 +491,16 @@ impl Snapshotter {
         let names_stand = self.py_names.generation() == self.names_seen;
         self.names_seen = self.py_names.generation();
         // `threads[i]` was walked from `self.states[self.walked[i]]`.
-        for (i, (t, ts)) in threads.iter_mut().zip(self.walked.iter().map(|&si| &self.states[si])).enumerate() {
+        let cpu_only = needs.on_cpu && needs.stop_running_only;
+        for (i, (t, &si)) in threads.iter_mut().zip(&self.walked).enumerate() {
+            let ts = &self.states[si];
+            let pick_state = self.picks.get(si).and_then(|p| p.state);
+            let on_cpu = || match cpu_only {
+                true => pick_state == Some('R'),
+                false => needs.on_cpu && t.native_id.zip(src.target).and_then(|(n, target)| target.task_state(n as i32)) == Some('R'),
+            };
             if needs.names && names_stand && self.carried.get(i) == Some(&true) {
-                t.on_cpu = needs.on_cpu && t.native_id.zip(src.target).and_then(|(n, target)| target.task_state(n as i32)) == Some('R');
+                t.on_cpu = on_cpu();
                 continue;
             }
             let py_name = if needs.names { self.py_names.get(ts.interp, ts.thread_id) } else { None };
@@ -494,7 +513,7 @@ impl Snapshotter {
             if t.name.as_deref() != name {
                 t.name = name.map(str::to_owned);
             }
-            t.on_cpu = needs.on_cpu && t.native_id.zip(src.target).and_then(|(n, target)| target.task_state(n as i32)) == Some('R');
+            t.on_cpu = on_cpu();
         }
     }
 
@@ -587,7 +606,15 @@ impl Snapshotter {
             } else {
                 self.filter.decide(pid, native_id, self.known_name(src, ts, native_id))
             };
-            picks.push(Pick { native_id, selected });
+            picks.push(Pick { native_id, selected, state: None });
+        }
+        // `--mode cpu`: every thread's state, now, from the context-switch
+        // records (no syscall each), carried over or not.
+        let cpu_only = needs.on_cpu && needs.stop_running_only;
+        if let (true, Some(target)) = (cpu_only, src.target) {
+            for p in picks.iter_mut() {
+                p.state = p.native_id.and_then(|n| target.task_state(n as i32));
+            }
         }
         self.picks = picks;
         if let Some(chunk_off) = o.thread.datastack_chunk {
@@ -595,7 +622,7 @@ impl Snapshotter {
             // reading the chunk's first 16 KiB (CPython's smallest chunk size)
             // serves a whole walk in one read.
             for (ts, pick) in self.states.iter().zip(&self.picks) {
-                if pick.selected == Some(false) || moving.is_some_and(|h| h != ts.addr) {
+                if pick.selected == Some(false) || moving.is_some_and(|h| h != ts.addr) || (cpu_only && !pick.may_be_on_cpu()) {
                     continue;
                 }
                 if let Ok(chunk) = mem.read_u64(ts.addr + chunk_off) {
@@ -608,21 +635,26 @@ impl Snapshotter {
         let mut out = std::mem::take(&mut self.spare_out);
         out.clear();
         let mut spare = std::mem::take(&mut self.spare);
-        self.thread_ids.clear();
-        self.interps.clear();
+        // Carried over, the list and the threads' ids are the last ones.
+        if moving.is_none() {
+            self.thread_ids.clear();
+            self.interps.clear();
+            for (ts, pick) in self.states.iter().zip(&self.picks) {
+                if !self.interps.contains(&ts.interp) {
+                    self.interps.push(ts.interp);
+                }
+                // Every thread, walked or not: the GIL holder is found among them.
+                self.thread_ids.push((ts.addr, pick.native_id));
+            }
+        }
         self.walked.clear();
         self.carried.clear();
         for (si, (ts, pick)) in self.states.iter().zip(&self.picks).enumerate() {
-            if !self.interps.contains(&ts.interp) {
-                self.interps.push(ts.interp);
+            if pick.selected == Some(false) || (cpu_only && !pick.may_be_on_cpu()) {
+                continue;
             }
             let (holder, gc_word) = holder_of(&mut self.holders, mem, interp, ts.interp, needs, gc_flag)?;
             let native_id = pick.native_id;
-            // Every thread, walked or not: the GIL holder is found among them.
-            self.thread_ids.push((ts.addr, native_id));
-            if pick.selected == Some(false) {
-                continue;
-            }
             let i = out.len();
             self.walked.push(si);
             // Not cleared: the walk overwrites the last sample's frames in place.
