@@ -14,6 +14,7 @@ fn main() {
             std::process::exit(2);
         }
     };
+    raise_open_file_limit();
     match pyprof::run(cli) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
@@ -21,5 +22,19 @@ fn main() {
             eprintln!("pyprof: {e:#}");
             std::process::exit(1);
         }
+    }
+}
+
+/// Following a thread can take a descriptor or a few (`--mode cpu`'s perf
+/// events, one per thread and CPU; kept `/proc` files): a 1,000-thread
+/// target needs more than the usual soft limit of 1,024. The hard limit is
+/// ours to take; past it, threads are read the slower way.
+fn raise_open_file_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: valid out-pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max.min(1 << 20);
+        // SAFETY: valid pointer; failure leaves the limit as it was.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
     }
 }

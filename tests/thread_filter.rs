@@ -180,7 +180,10 @@ fn cost_per_snapshot(p: &Profile) -> (f64, f64, f64) {
 /// 55-80 % on 3.13-3.15). Every thread state is still read, with its
 /// neighbourhood (the prefetch reads whole pages around them): that is how
 /// threads are found, named, and how the GIL holder is known, so bytes
-/// cannot fall as far as frames.
+/// cannot fall as far as frames. Both recordings are `--nonblocking`: the
+/// default mode carries sleeping threads' stacks over unread while the GIL
+/// proves them unchanged (tests/scale.rs), which would hide what the filter
+/// saves a walk.
 #[test]
 fn a_filtered_record_of_200_threads_reads_less() {
     let _serial = heavy();
@@ -189,13 +192,13 @@ fn a_filtered_record_of_200_threads_reads_less() {
         let report: Value = serde_json::from_str(&target.first_line).unwrap();
         let pid = target.pid();
         let dir = temp_dir("thread-filter-cost");
-        let all = record(&py.label, pid, "1", &dir.join("all.json"), &[]);
+        let all = record(&py.label, pid, "1", &dir.join("all.json"), &["--nonblocking"]);
         assert_eq!(sampled_threads(&all).len(), 201, "{}", py.label);
         let (threads, frames, bytes) = cost_per_snapshot(&all);
         assert!(threads >= 201.0 && frames >= 201.0 * 4.0, "{}: unfiltered walks {threads:.1} threads, {frames:.1} frames per snapshot", py.label);
         for (what, args, want) in [
-            ("--thread worker-7", ["--thread", "worker-7"].as_slice(), ("worker-7", tid_of(&report, "worker-7"))),
-            ("--main-thread", ["--main-thread"].as_slice(), ("MainThread", pid as i64)),
+            ("--thread worker-7", ["--nonblocking", "--thread", "worker-7"].as_slice(), ("worker-7", tid_of(&report, "worker-7"))),
+            ("--main-thread", ["--nonblocking", "--main-thread"].as_slice(), ("MainThread", pid as i64)),
         ] {
             let p = record(&py.label, pid, "1", &dir.join("filtered.json"), args);
             assert_eq!(sampled_threads(&p), set(&[want]), "{} {what}", py.label);
