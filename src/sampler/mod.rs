@@ -278,8 +278,19 @@ fn snapshot_all(sessions: &mut [Session], needs: SnapshotNeeds) -> Vec<(crate::e
         let Some((first, rest)) = chunk.split_first_mut() else { continue };
         std::thread::scope(|scope| {
             // The first on this thread: one thread fewer to start a tick.
-            let handles: Vec<_> = rest.iter_mut().map(|s| scope.spawn(move || one(s))).collect();
+            let others = !rest.is_empty();
+            let handles: Vec<_> = rest
+                .iter_mut()
+                .map(|s| {
+                    scope.spawn(move || {
+                        crate::process::ptrace::set_shared_waits(true);
+                        one(s)
+                    })
+                })
+                .collect();
+            crate::process::ptrace::set_shared_waits(others);
             out.push(one(first));
+            crate::process::ptrace::set_shared_waits(false);
             // A panic in a snapshot goes on as it would have on this thread.
             out.extend(handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
         });
