@@ -121,11 +121,7 @@ fn idle_thread_switches(pid: i32) -> u64 {
             continue;
         }
         let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
-        total += status
-            .lines()
-            .filter(|l| l.contains("ctxt_switches:"))
-            .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
-            .sum::<u64>();
+        total += status.lines().filter(|l| l.contains("ctxt_switches:")).filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok()).sum::<u64>();
     }
     total
 }

@@ -53,6 +53,12 @@ fn exited_threads_never_come_back() {
         // A snapshot that carried the stacks over (the GIL proved nobody but
         // its holder ran) read no list at all: it skipped the pointer too.
         let skipped = s.threads_by_head() + s.walk_stats().carried_ticks;
-        assert!(skipped * 2 >= snapshots, "{}: {} of {snapshots} by the remembered head, {} carried over", py.label, s.threads_by_head(), s.walk_stats().carried_ticks);
+        assert!(
+            skipped * 2 >= snapshots,
+            "{}: {} of {snapshots} by the remembered head, {} carried over",
+            py.label,
+            s.threads_by_head(),
+            s.walk_stats().carried_ticks
+        );
     });
 }

@@ -17,8 +17,8 @@ use crate::python::code::{CodeCache, CodeCacheStats, Generations, Sources};
 use crate::python::exception::ExceptionState;
 use crate::python::frames::{FrameWalker, WalkContext};
 use crate::python::thread_names::NameCache;
-use crate::python::{quiet, threads};
 use crate::python::threads::{ThreadList, ThreadState, find_pthread_tid_offset, gil_holder};
+use crate::python::{quiet, threads};
 use crate::stack::{EvalGroup, ThreadStack};
 use crate::thread_filter::{NameKnown, ThreadFilter};
 
