@@ -135,6 +135,8 @@ pub struct Freezer {
     /// GIL holders this round stopped by a thread id read from their
     /// thread state, not from the last snapshot's list: (state, tid).
     looked_up: Vec<(u64, u64)>,
+    /// Scratch: each held thread's tid and whether it was on a CPU.
+    held_on_cpu: Vec<(i32, bool)>,
     /// `--mode cpu`: threads this snapshot would have stopped but found off
     /// CPU, and so left running.
     idle: Vec<i32>,
@@ -204,7 +206,7 @@ impl Freezer {
     fn read_ahead(&mut self, a: &Attached, python: &mut Snapshotter, needs: SnapshotNeeds) -> Result<()> {
         let src = Source { mem: &a.mem, interp: &a.interp, target: Some(&a.target) };
         self.fixed.clear();
-        self.fixed.extend(self.words.iter().zip(&self.gils).flat_map(|(w, g)| [(w.holder, g.holder), (w.switches(), g.switches)]));
+        self.push_holder_words();
         let threads = python.snapshot(src, needs, Check { frozen: false, fixed: &self.fixed, quiet: None })?;
         if python.fixed_held() {
             self.proof = self.proof_now();
@@ -212,6 +214,12 @@ impl Freezer {
         }
         python.recycle(threads);
         Ok(())
+    }
+
+    /// Each GIL's last holder and switch count as read, for `fixed`: the
+    /// words that must not move for the snapshot to stand, and to carry on.
+    fn push_holder_words(&mut self) {
+        self.fixed.extend(self.words.iter().zip(&self.gils).flat_map(|(w, g)| [(w.holder, g.holder), (w.switches(), g.switches)]));
     }
 
     /// The thread that may have moved since the last snapshot, if the GIL
@@ -313,7 +321,7 @@ impl Freezer {
             stopped.add(&self.tids, false)?;
             self.fixed.clear();
             if !all {
-                self.fixed.extend(self.words.iter().zip(&self.gils).flat_map(|(w, g)| [(w.holder, g.holder), (w.switches(), g.switches)]));
+                self.push_holder_words();
             }
             if guessed && round == 0 {
                 // Also whether it still holds it.
@@ -349,13 +357,11 @@ impl Freezer {
             self.stats.stepped += u64::from(steps.taken > 0);
             if ok {
                 let held = stopped.held();
-                let (mut running, mut job_stopped) = (Vec::new(), Vec::new());
+                // Whether each held thread was on a CPU, said before it is let go.
+                self.held_on_cpu.clear();
                 for t in threads.iter() {
                     if let Some(tid) = t.native_id.map(|n| n as i32).filter(|&n| stopped.holds(n)) {
-                        running.push((tid, self.running.contains(&tid)));
-                        if stopped.was_job_stopped(tid) {
-                            job_stopped.push(tid);
-                        }
+                        self.held_on_cpu.push((tid, self.running.contains(&tid) && !stopped.was_job_stopped(tid)));
                     }
                 }
                 // Let go before the names and run states are looked up:
@@ -365,8 +371,8 @@ impl Freezer {
                 self.idle.sort_unstable();
                 for t in threads.iter_mut() {
                     let tid = t.native_id.map(|n| n as i32);
-                    if let Some(&(tid, was_running)) = running.iter().find(|r| Some(r.0) == tid) {
-                        t.on_cpu = needs.on_cpu && was_running && !job_stopped.contains(&tid);
+                    if let Some(&(_, was_on_cpu)) = self.held_on_cpu.iter().find(|r| Some(r.0) == tid) {
+                        t.on_cpu = needs.on_cpu && was_on_cpu;
                     } else if t.native_id.is_some_and(|n| self.idle.binary_search(&(n as i32)).is_ok()) {
                         // Off CPU at the instant, and not held: its stack may
                         // have moved since, and it is not recorded.
