@@ -11,6 +11,7 @@
 //! instruction to a line ([`python::linetable`]). All reads go through
 //! [`process::memory::RemoteMemory`] (`process_vm_readv`; the target never stops).
 
+pub mod agent;
 pub mod attach;
 pub mod binary;
 pub mod cli;

@@ -1,0 +1,4 @@
+//! `pyprof agent`: continuous profiling of a host's Python processes for
+//! Parca, Grafana Pyroscope and OpenTelemetry collectors (pull and push).
+
+pub mod interval;
