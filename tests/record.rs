@@ -91,7 +91,9 @@ fn modes_select_threads() {
         for mode in ["wall", "cpu", "gil"] {
             let out_path = dir.join(format!("{mode}.json"));
             let idle_switches = idle_thread_switches(target.pid());
-            let out = record(&["--pid", &pid, "--mode", mode, "-r", "200", "-d", "1", "-q", "-o", out_path.to_str().unwrap()]);
+            // Not quiet: the summary says how cpu mode learned thread states,
+            // which a failure below shows.
+            let out = record(&["--pid", &pid, "--mode", mode, "-r", "200", "-d", "1", "-o", out_path.to_str().unwrap()]);
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
             if mode == "cpu" {
                 // A thread stopped and let go runs ('R') until it gets a CPU
@@ -107,10 +109,35 @@ fn modes_select_threads() {
             if mode == "wall" {
                 assert!(sleep > 50 && wait > 50, "wall must include idle threads: sleep {sleep}, wait {wait}");
             } else {
-                assert_eq!((sleep, wait), (0, 0), "{mode} must exclude threads that sleep or wait");
+                // Which thread each such sample was counted for, and what
+                // /proc says of the idle threads now.
+                let idle_samples: Vec<String> = p
+                    .stacks
+                    .iter()
+                    .filter(|s| s.frames.iter().any(|&f| matches!(p.frames[f as usize].function.as_str(), "sleeping_thread" | "waiting_thread")))
+                    .map(|s| format!("{} x{} on {:?}", p.frames[*s.frames.last().unwrap() as usize].function, s.count, p.threads.get(s.thread as usize)))
+                    .collect();
+                assert_eq!(
+                    (sleep, wait),
+                    (0, 0),
+                    "{mode} must exclude threads that sleep or wait: {idle_samples:?}; threads now: {}; pyprof said: {}",
+                    thread_states(target.pid()),
+                    String::from_utf8_lossy(&out.stderr)
+                );
             }
         }
     });
+}
+
+/// "tid:state" for every thread of `pid`, from /proc.
+fn thread_states(pid: i32) -> String {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("task dir").flatten() {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        let state = stat.rfind(')').and_then(|i| stat[i + 1..].trim_start().chars().next()).unwrap_or('?');
+        out.push(format!("{}:{state}", task.file_name().to_string_lossy()));
+    }
+    out.join(" ")
 }
 
 /// Context switches, in all, of every thread of `pid` but its main one.
