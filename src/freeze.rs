@@ -64,6 +64,12 @@ pub struct AcquireStats {
     /// Of the stopped ones, those whose blocked threads were read just
     /// before the stop, proven unchanged through it ([`Freezer::read_ahead`]).
     pub read_ahead: u64,
+    /// Read with the GIL holder not stopped: it was on no CPU from before
+    /// the read to after it, as its context-switch records prove.
+    pub off_cpu: u64,
+    /// Reads whose unstopped holder got a CPU meanwhile (or was caught
+    /// halfway through a frame update): read again with it stopped.
+    pub ran: u64,
     /// Thread stacks that moved while read (`--nonblocking` only).
     pub torn: u64,
     /// Time the target had a thread held stopped, in total and at most.
@@ -79,6 +85,8 @@ impl AcquireStats {
         self.stepped += o.stepped;
         self.lock_free += o.lock_free;
         self.read_ahead += o.read_ahead;
+        self.off_cpu += o.off_cpu;
+        self.ran += o.ran;
         self.torn += o.torn;
         self.pause += o.pause;
         self.pause_max = self.pause_max.max(o.pause_max);
@@ -140,6 +148,12 @@ pub struct Freezer {
     /// `--mode cpu`: threads this snapshot would have stopped but found off
     /// CPU, and so left running.
     idle: Vec<i32>,
+    /// GIL holders found on no CPU and read where they stand instead of
+    /// stopped, with their switch-in counts then: (tid, switch-ins).
+    unheld: Vec<(i32, u32)>,
+    /// Holders that ran under a read without a stop: stopped from then on
+    /// in this snapshot.
+    must_stop: Vec<i32>,
     /// The last snapshot had one Python thread, holding the only GIL: this
     /// one stops it without reading the GIL first (see `snapshot`).
     solo: bool,
@@ -266,6 +280,17 @@ impl Freezer {
         let mut stopped = Stopped::none(pid);
         self.running.clear();
         self.idle.clear();
+        self.unheld.clear();
+        self.must_stop.clear();
+        // A holder that waits for a CPU (preempted, or blocked in C with the
+        // GIL) cannot change its stack until it gets one, and a stop would
+        // wait for that too: 16 spinning processes on 2 CPUs waited a few ms
+        // per stop. So a holder whose records prove it off every CPU is read
+        // where it stands, and the records read after the read must show it
+        // never got a CPU meanwhile; if it did, or it stands halfway through
+        // a frame update, it is stopped and read again, as it would have
+        // been. Either way the stack is the one it had at the tick.
+        let tracking = a.target.track_holders();
         if let (Some(moving), false) = (self.quiet(), guessed) {
             // Before the stop, not during it.
             if !python.check_list(src, moving) {
@@ -318,6 +343,28 @@ impl Freezer {
                     self.tids.extend_from_slice(running);
                 }
             }
+            if tracking && all {
+                // Every thread is stopped this round, those left running too.
+                self.unheld.clear();
+            } else if tracking {
+                a.target.poll_run_states();
+                let (unheld, must) = (&mut self.unheld, &self.must_stop);
+                self.tids.retain(|&t| {
+                    if unheld.iter().any(|u| u.0 == t) {
+                        return false;
+                    }
+                    if must.contains(&t) {
+                        return true;
+                    }
+                    match a.target.off_cpu(t) {
+                        Some(ins) => {
+                            unheld.push((t, ins));
+                            false
+                        }
+                        None => true,
+                    }
+                });
+            }
             stopped.add(&self.tids, false)?;
             self.fixed.clear();
             if !all {
@@ -331,13 +378,26 @@ impl Freezer {
             // construction: carry nothing over on their say-so.
             let quiet = if all || guessed { None } else { self.quiet() };
             let mut threads = python.stacks(src, needs, Check { frozen: true, fixed: &self.fixed, quiet })?;
+            let mut ran = false;
+            if !self.unheld.is_empty() {
+                a.target.poll_run_states();
+                for &(tid, ins) in &self.unheld {
+                    if a.target.ran_since(tid, ins) || threads.iter().any(|t| t.torn && t.native_id == Some(tid as u64)) {
+                        self.must_stop.push(tid);
+                        ran = true;
+                    }
+                }
+                let must = &self.must_stop;
+                self.unheld.retain(|u| !must.contains(&u.0));
+                self.stats.ran += u64::from(ran);
+            }
             let ids = python.thread_ids();
-            let mut ok = python.fixed_held() && self.looked_up.iter().all(|&(ts, tid)| ids.contains(&(ts, Some(tid))));
+            let mut ok = !ran && python.fixed_held() && self.looked_up.iter().all(|&(ts, tid)| ids.contains(&(ts, Some(tid))));
             // The switch counter was read before the stop and again after
             // the read, unchanged: the next snapshot may build on this one.
             let proof = if ok && !all { self.proof_now() } else { None };
             let mut gils_read = false;
-            if !ok && guessed && round == 0 && self.looked_up.is_empty() {
+            if !ok && !ran && guessed && round == 0 && self.looked_up.is_empty() {
                 // The thread stopped without the GIL? If no other thread has
                 // taken it since, it let go of it before it stopped and
                 // nothing has run Python since: the read stands.
@@ -364,6 +424,7 @@ impl Freezer {
                         self.held_on_cpu.push((tid, self.running.contains(&tid) && !stopped.was_job_stopped(tid)));
                     }
                 }
+                let none_held = stopped.is_empty();
                 // Let go before the names and run states are looked up:
                 // they are no part of the instant.
                 drop(stopped);
@@ -379,7 +440,11 @@ impl Freezer {
                         t.on_cpu = false;
                     }
                 }
-                self.stats.stopped += 1;
+                if none_held && !self.unheld.is_empty() {
+                    self.stats.off_cpu += 1;
+                } else {
+                    self.stats.stopped += 1;
+                }
                 self.proof = proof;
                 self.stats.pause += held;
                 self.stats.pause_max = self.stats.pause_max.max(held);
@@ -392,7 +457,7 @@ impl Freezer {
                 return Ok(threads);
             }
             python.recycle(std::mem::take(&mut threads));
-            self.stats.moved += u64::from(round == 0);
+            self.stats.moved += u64::from(round == 0 && !ran);
             if !gils_read {
                 self.read_gils(a, python)?;
             }

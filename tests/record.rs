@@ -62,6 +62,51 @@ fn time_split_60_30_10_is_attributed_within_2_points() {
     });
 }
 
+/// A GIL holder that shares its CPU with a spinner waits for it half the
+/// time: such a holder is read where it stands, not stopped (a stop would
+/// wait for it to get the CPU back), and the samples stay exact.
+#[test]
+fn a_holder_waiting_for_a_cpu_is_read_without_a_stop() {
+    let _serial = heavy();
+    for_each_interpreter(|py| {
+        let pin = |argv: Vec<String>| -> Vec<String> { ["taskset", "-c", "0"].iter().map(|s| s.to_string()).chain(argv).collect() };
+        let spinner = spawn_argv(&py.label, &pin(vec!["sh".into(), "-c".into(), "echo ready; while :; do :; done".into()]));
+        let target = spawn_argv(&py.label, &pin(py.argv("split.py", &["30"])));
+        let dir = temp_dir("offcpu");
+        let out_path = dir.join("p.json");
+        let pid = target.pid().to_string();
+        let out = record(&["--pid", &pid, "-r", "1k", "-d", "4", "-o", out_path.to_str().unwrap()]);
+        drop(spinner);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        let p = read_profile(&out_path);
+        let s = &p.meta.sampling;
+        let snapshots = s.stopped + s.gil_free + s.off_cpu;
+        assert!(s.off_cpu * 10 >= snapshots, "{}: only {} of {snapshots} snapshots read the waiting holder without a stop: {stderr}", py.label, s.off_cpu);
+        assert!(p.meta.errors.keys().all(|k| k == "skipped_ticks"), "{}: errors {:?}", py.label, p.meta.errors);
+        // Every stack is one the program can have: a read of a thread that
+        // ran under it would show as a torn or impossible stack.
+        let names = |st: &pyprof::profile::model::Stack| -> Vec<&str> { st.frames.iter().map(|&f| p.frames[f as usize].function.as_str()).collect() };
+        for st in &p.stacks {
+            let n = names(st);
+            let ok = matches!(
+                n.as_slice(),
+                ["<module>", "main", "sixty" | "thirty" | "ten", "unit"] | ["<module>", "main", "sixty" | "thirty" | "ten"] | ["<module>", "main"]
+            );
+            assert!(ok, "{}: a stack the program never has: {n:?} x{}", py.label, st.count);
+        }
+        let (a, b, c) = (inclusive(&p, "sixty"), inclusive(&p, "thirty"), inclusive(&p, "ten"));
+        let total = (a + b + c) as f64;
+        assert!(total >= 3000.0, "{}: only {total} samples in the three functions", py.label);
+        let share = |x: u64| 100.0 * x as f64 / total;
+        eprintln!("[{}] {} of {snapshots} read without a stop; shares {:.1} {:.1} {:.1}", py.label, s.off_cpu, share(a), share(b), share(c));
+        // 4,000 samples: binomial noise on 60 % is 0.8 points; the waits add some.
+        for (got, want, name) in [(share(a), 60.0, "sixty"), (share(b), 30.0, "thirty"), (share(c), 10.0, "ten")] {
+            assert!((got - want).abs() <= 3.0, "{}: {name}: {got:.1}% (want {want}%) of {total} samples", py.label);
+        }
+    });
+}
+
 #[test]
 fn sample_count_matches_rate_times_duration_at_1khz() {
     let _serial = heavy();
@@ -485,7 +530,7 @@ fn sampling_is_reported_and_nonblocking_counts_torn_stacks() {
                 *torn_total.lock().unwrap() += torn;
             } else {
                 assert_eq!(s.method, "exact", "{label}");
-                assert_eq!(s.stopped + s.gil_free, p.meta.samples, "{label}");
+                assert_eq!(s.stopped + s.gil_free + s.off_cpu, p.meta.samples, "{label}");
                 assert!(s.stopped > 0 && s.paused_us_total > 0.0 && s.paused_us_max > 0.0, "{label}: a spinning holder is held");
                 assert_eq!((s.torn, torn), (0, 0), "{label}: an exact snapshot never tears");
             }

@@ -166,7 +166,7 @@ fn dump_shows_only_the_selected_threads() {
 /// What a recording's reads cost per snapshot: (thread stacks, frames, bytes).
 fn cost_per_snapshot(p: &Profile) -> (f64, f64, f64) {
     let s = &p.meta.sampling;
-    let snapshots = (s.stopped + s.gil_free + s.lock_free).max(1) as f64;
+    let snapshots = (s.stopped + s.gil_free + s.lock_free + s.off_cpu).max(1) as f64;
     (s.threads_walked as f64 / snapshots, s.frames_walked as f64 / snapshots, s.bytes_read as f64 / snapshots)
 }
 

@@ -27,12 +27,21 @@ pub struct Target {
     run_states: std::cell::RefCell<Option<run_states::RunStates>>,
     /// Whether [`Target::track_run_states`] was tried (it is tried once).
     run_states_tried: std::cell::Cell<bool>,
+    /// Whether [`Target::track_holders`] was tried (it is tried once).
+    holders_tried: std::cell::Cell<bool>,
 }
 
 /// A copy starts with no open files and no perf events of its own.
 impl Clone for Target {
     fn clone(&self) -> Self {
-        Target { pid: self.pid, cwd: self.cwd.clone(), states: Default::default(), run_states: Default::default(), run_states_tried: Default::default() }
+        Target {
+            pid: self.pid,
+            cwd: self.cwd.clone(),
+            states: Default::default(),
+            run_states: Default::default(),
+            run_states_tried: Default::default(),
+            holders_tried: Default::default(),
+        }
     }
 }
 
@@ -60,7 +69,14 @@ impl Target {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::NoSuchProcess(pid)),
             Err(e) => return Err(e.into()),
         }
-        Ok(Target { pid, cwd: cwd(pid), states: Default::default(), run_states: Default::default(), run_states_tried: Default::default() })
+        Ok(Target {
+            pid,
+            cwd: cwd(pid),
+            states: Default::default(),
+            run_states: Default::default(),
+            run_states_tried: Default::default(),
+            holders_tried: Default::default(),
+        })
     }
 
     /// One-letter scheduler state of thread `tid` ('R' running, 'S'
@@ -69,7 +85,7 @@ impl Target {
     /// or in none once [`Target::track_run_states`] follows the thread
     /// (then 'R' or 'S' only, as of the last [`Target::poll_run_states`]).
     pub fn task_state(&self, tid: i32) -> Option<char> {
-        if let Some(rs) = self.run_states.borrow_mut().as_mut() {
+        if let Some(rs) = self.run_states.borrow_mut().as_mut().filter(|rs| rs.keeps_states()) {
             if let Some(c) = rs.track(tid) {
                 return Some(c);
             }
@@ -89,6 +105,30 @@ impl Target {
         Ok(())
     }
 
+    /// Exact sampling: follow the context switches of the threads asked
+    /// about with [`Target::off_cpu`] (the GIL holders), so that a holder
+    /// waiting for a CPU is read where it stands instead of being stopped,
+    /// which would wait for it to get a CPU (`freeze`). Whether a tracker
+    /// runs (one made for `--mode cpu` serves too).
+    pub fn track_holders(&self) -> bool {
+        if !self.holders_tried.replace(true) && self.run_states.borrow().is_none() {
+            *self.run_states.borrow_mut() = Some(run_states::RunStates::holders(self.pid));
+        }
+        self.run_states.borrow().is_some()
+    }
+
+    /// `tid` is proven off every CPU as of the last poll: its switch-in
+    /// count for [`Target::ran_since`]. See [`run_states::RunStates::off_cpu`].
+    pub fn off_cpu(&self, tid: i32) -> Option<u32> {
+        self.run_states.borrow_mut().as_mut()?.off_cpu(tid)
+    }
+
+    /// Whether `tid`, off every CPU with `ins` switch-ins, may have run
+    /// since, as of the last poll (true when nothing follows it).
+    pub fn ran_since(&self, tid: i32, ins: u32) -> bool {
+        self.run_states.borrow().as_ref().is_none_or(|rs| rs.ran_since(tid, ins))
+    }
+
     /// Take in the context switches since the last call; once per tick,
     /// before the states are asked for. Does nothing unless tracking.
     pub fn poll_run_states(&self) {
@@ -98,8 +138,10 @@ impl Target {
     }
 
     /// What the context-switch tracker has done, if it runs.
+    /// Only of a tracker that keeps states (`--mode cpu`): the one exact
+    /// sampling makes for GIL holders reports through `freeze`'s counts.
     pub fn run_states_stats(&self) -> Option<run_states::RunStatesStats> {
-        self.run_states.borrow().as_ref().map(|rs| rs.stats())
+        self.run_states.borrow().as_ref().filter(|rs| rs.keeps_states()).map(|rs| rs.stats())
     }
 
     pub fn is_alive(&self) -> bool {

@@ -194,6 +194,13 @@ struct Seen {
     /// Time of the record it comes from; 0 when read from `/proc`, which any
     /// record read later overrides (the record is at least as recent).
     time: u64,
+    /// The latest record is a switch-out: the thread has been on no CPU
+    /// since, and runs again only after a switch-in, which is recorded
+    /// before it runs a user instruction. False when the state came from
+    /// `/proc`, whose 'R' does not tell running from waiting for a CPU.
+    off: bool,
+    /// Switch-ins seen, in any order: one more means it ran.
+    ins: u32,
 }
 
 /// The ring of one CPU, with the event that owns it.
@@ -265,6 +272,9 @@ pub struct RunStates {
     recheck: Vec<i32>,
     /// Their stat files, kept open: the same few threads block tick after tick.
     proc_files: super::task_states::TaskStates,
+    /// Whether [`RunStates::state`] is asked for ('R' or 'S' kept right
+    /// through rechecks), or only [`RunStates::off_cpu`] (exact sampling).
+    states: bool,
 }
 
 // SAFETY: the rings are owned mappings of this value only; nothing else
@@ -298,6 +308,7 @@ impl RunStates {
             pending: Vec::new(),
             recheck: Vec::new(),
             proc_files: Default::default(),
+            states: true,
         };
         let mut first_err = None;
         for &tid in &tids {
@@ -318,6 +329,50 @@ impl RunStates {
         }
         rs.stats.threads = rs.seen.len();
         Ok(rs)
+    }
+
+    /// Follow no thread yet, and answer [`RunStates::off_cpu`] only: for
+    /// exact sampling, which asks about the GIL holders alone, so it opens
+    /// events for those few threads and not for a thousand idle ones.
+    pub fn holders(pid: i32) -> RunStates {
+        RunStates {
+            pid,
+            cpus: online_cpus(),
+            rings: Vec::new(),
+            events: HashMap::new(),
+            seen: HashMap::new(),
+            lost: false,
+            no_more: false,
+            stats: RunStatesStats::default(),
+            scratch: Vec::new(),
+            pending: Vec::new(),
+            recheck: Vec::new(),
+            proc_files: Default::default(),
+            states: false,
+        }
+    }
+
+    /// Whether this tracker keeps states for [`RunStates::state`] (one made
+    /// by [`RunStates::holders`] does not: it skips the `/proc` rechecks).
+    pub fn keeps_states(&self) -> bool {
+        self.states
+    }
+
+    /// `tid` is on no CPU as of the last [`poll`](Self::poll), and its
+    /// context-switch records prove it (not `/proc`): its count of
+    /// switch-ins, for [`ran_since`](Self::ran_since) to tell whether it ran
+    /// after. None when not proven: not followed yet (it is from now on), or
+    /// its last record a switch-in.
+    pub fn off_cpu(&mut self, tid: i32) -> Option<u32> {
+        self.track(tid)?;
+        self.seen.get(&tid).filter(|s| s.off).map(|s| s.ins)
+    }
+
+    /// Whether `tid`, found off every CPU with `ins` switch-ins, may have
+    /// run since, as of the last poll: it switched in, or its records are
+    /// no longer whole (lost, or it is no longer followed).
+    pub fn ran_since(&self, tid: i32, ins: u32) -> bool {
+        !self.seen.get(&tid).is_some_and(|s| s.off && s.ins == ins)
     }
 
     /// Open `tid`'s events, one per CPU, each writing into its CPU's ring.
@@ -368,7 +423,10 @@ impl RunStates {
             }
             Err(RunStatesError::Refused { source, .. }) => {
                 self.stats.refused += 1;
-                if matches!(source.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+                // Refused before any ring exists (a tracker of holders: no
+                // perf here at all), or out of descriptors: asking again
+                // every tick would cost a syscall a tick for nothing.
+                if self.rings.is_empty() || matches!(source.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
                     // Keep the descriptors left for everything else pyprof opens.
                     self.no_more = true;
                 }
@@ -404,14 +462,20 @@ impl RunStates {
         // Only the last record of each counts, and a thread woken since
         // its switch-out is runnable ('R') in /proc.
         let mut recheck = std::mem::take(&mut self.recheck);
+        if !self.states {
+            recheck.clear();
+        }
         recheck.sort_unstable();
         recheck.dedup();
         for &tid in &recheck {
-            if let Some(&Seen { on_cpu: false, time }) = self.seen.get(&tid) {
+            if let Some(&Seen { on_cpu: false, .. }) = self.seen.get(&tid) {
                 self.stats.rechecks += 1;
                 match self.proc_files.state(self.pid, tid) {
                     Some(c) if c != 'Z' && c != 'X' => {
-                        self.seen.insert(tid, Seen { on_cpu: c == 'R', time });
+                        // Woken and waiting for a CPU is 'R', and still off.
+                        if let Some(s) = self.seen.get_mut(&tid) {
+                            s.on_cpu = c == 'R';
+                        }
                     }
                     _ => {
                         self.seen.remove(&tid);
@@ -436,11 +500,12 @@ impl RunStates {
     fn apply(&mut self, r: Record) {
         self.stats.records += 1;
         match r {
-            Record::Switch { tid, time, on_cpu } => {
+            Record::Switch { tid, time, on_cpu, out } => {
                 if let Some(s) = self.seen.get_mut(&tid) {
+                    s.ins = s.ins.wrapping_add(u32::from(!out));
                     // Records of one thread come from several rings: the latest wins.
                     if time >= s.time {
-                        *s = Seen { on_cpu, time };
+                        *s = Seen { on_cpu, time, off: out, ins: s.ins };
                         if !on_cpu {
                             self.recheck.push(tid);
                         }
@@ -466,7 +531,8 @@ impl RunStates {
                 self.events.remove(&tid);
             }
             Some(c) => {
-                self.seen.insert(tid, Seen { on_cpu: c == 'R', time: 0 });
+                let ins = self.seen.get(&tid).map_or(0, |s| s.ins);
+                self.seen.insert(tid, Seen { on_cpu: c == 'R', time: 0, off: false, ins });
             }
         }
     }
@@ -524,9 +590,19 @@ fn parse_cpu_list(s: &str) -> Option<Vec<i32>> {
 
 #[derive(Debug, PartialEq)]
 enum Record {
-    Switch { tid: i32, time: u64, on_cpu: bool },
-    Exit { tid: i32 },
-    Lost { count: u64 },
+    /// `out`: a switch-out; `on_cpu`: running or runnable after it.
+    Switch {
+        tid: i32,
+        time: u64,
+        on_cpu: bool,
+        out: bool,
+    },
+    Exit {
+        tid: i32,
+    },
+    Lost {
+        count: u64,
+    },
 }
 
 /// Hand each whole record between `tail` and `head` (positions that only
@@ -573,7 +649,7 @@ fn parse(rec: &[u8]) -> Option<Record> {
             let tid = u32_at(n + 4)? as i32;
             let time = u64_at(n + 8)?;
             let out = misc & PERF_RECORD_MISC_SWITCH_OUT != 0;
-            Some(Record::Switch { tid, time, on_cpu: !out || misc & PERF_RECORD_MISC_SWITCH_OUT_PREEMPT != 0 })
+            Some(Record::Switch { tid, time, on_cpu: !out || misc & PERF_RECORD_MISC_SWITCH_OUT_PREEMPT != 0, out })
         }
         // {pid, ppid, tid, ptid, time}, then the sample id.
         PERF_RECORD_EXIT => Some(Record::Exit { tid: u32_at(16)? as i32 }),
@@ -603,9 +679,9 @@ mod tests {
 
     #[test]
     fn parses_switches_exits_and_losses() {
-        assert_eq!(parse(&switch(9, 5, 0)), Some(Record::Switch { tid: 9, time: 5, on_cpu: true }));
-        assert_eq!(parse(&switch(9, 6, 0x2000)), Some(Record::Switch { tid: 9, time: 6, on_cpu: false }));
-        assert_eq!(parse(&switch(9, 7, 0x6000)), Some(Record::Switch { tid: 9, time: 7, on_cpu: true }));
+        assert_eq!(parse(&switch(9, 5, 0)), Some(Record::Switch { tid: 9, time: 5, on_cpu: true, out: false }));
+        assert_eq!(parse(&switch(9, 6, 0x2000)), Some(Record::Switch { tid: 9, time: 6, on_cpu: false, out: true }));
+        assert_eq!(parse(&switch(9, 7, 0x6000)), Some(Record::Switch { tid: 9, time: 7, on_cpu: true, out: true }));
         assert_eq!(parse(&switch(9, 7, 0)[..12]), None);
         assert_eq!(parse(&[1, 2, 3]), None);
     }

@@ -114,6 +114,11 @@ pub struct Acquisition {
     pub stepped: u64,
     /// `--nonblocking` snapshots.
     pub lock_free: u64,
+    /// Read without a stop: the GIL holder was on no CPU (preempted, or
+    /// blocked holding the GIL) from before the read to after it, as its
+    /// context-switch records prove. Absent (0) in older profiles.
+    #[serde(default)]
+    pub off_cpu: u64,
     /// Thread samples whose stack moved while read (`--nonblocking` only),
     /// counted under `[stack moved while read]`.
     pub torn: u64,

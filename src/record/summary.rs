@@ -83,6 +83,7 @@ fn acquisition(cfg: &RecordConfig, a: &AcquireStats) -> Acquisition {
         moved: a.moved,
         stepped: a.stepped,
         lock_free: a.lock_free,
+        off_cpu: a.off_cpu,
         torn: a.torn,
         paused_us_total: a.pause.as_secs_f64() * 1e6,
         paused_us_max: a.pause_max.as_secs_f64() * 1e6,
@@ -92,7 +93,7 @@ fn acquisition(cfg: &RecordConfig, a: &AcquireStats) -> Acquisition {
 
 /// One line on how the samples were taken.
 fn describe(a: &AcquireStats, elapsed: std::time::Duration) -> String {
-    let snapshots = a.stopped + a.gil_free + a.lock_free;
+    let snapshots = a.stopped + a.gil_free + a.lock_free + a.off_cpu;
     if a.lock_free > 0 {
         return format!("sampling: never stopped the target; {} thread samples moved while read and are counted as torn", a.torn);
     }
@@ -100,9 +101,11 @@ fn describe(a: &AcquireStats, elapsed: std::time::Duration) -> String {
     // Held time only: a stopped thread also pays to stop and to start again.
     let share = if elapsed.is_zero() { 0.0 } else { 100.0 * a.pause.as_secs_f64() / elapsed.as_secs_f64() };
     format!(
-        "sampling: exact; {} of {snapshots} snapshots held the GIL holder still ({mean:.0} µs per snapshot on average, {:.0} µs at most; held {share:.2} % of the time), {} read with the GIL free, {} read again a few µs late because the GIL changed hands, {} stepped a few instructions out of a half-done frame update",
+        "sampling: exact; {} of {snapshots} snapshots held the GIL holder still ({mean:.0} µs per snapshot on average, {:.0} µs at most; held {share:.2} % of the time), {} read without a stop while the holder was on no CPU ({} read again with it stopped, as it got one), {} read with the GIL free, {} read again a few µs late because the GIL changed hands, {} stepped a few instructions out of a half-done frame update",
         a.stopped,
         a.pause_max.as_secs_f64() * 1e6,
+        a.off_cpu,
+        a.ran,
         a.gil_free,
         a.moved,
         a.stepped
