@@ -209,7 +209,13 @@ impl RecordArgs {
         attach.extras.exception = self.mode == ModeArg::Exception;
         Ok(RecordConfig {
             target,
-            sampling: SamplingConfig { rate_hz: self.rate, duration: self.duration, mode: self.mode.into(), include_empty: self.include_idle_threads },
+            sampling: SamplingConfig {
+                rate_hz: self.rate,
+                duration: self.duration,
+                mode: self.mode.into(),
+                include_empty: self.include_idle_threads,
+                ..Default::default()
+            },
             aggregate: AggregateOptions { by_function: self.function, thread_roots: self.threads, process_roots: self.subprocesses },
             output,
             format,
