@@ -1,8 +1,10 @@
 //! `--max-cpu`: the agent measures its own CPU time (every thread's, from
 //! getrusage) over a sliding window and sets the sampling rate the sampler
 //! reads before each tick. Over budget, the rate goes down in proportion
-//! (at most halved per step); well under, it goes back up by a fifth per
-//! step, never above `--rate`. After a change the window starts over, so
+//! (at most halved per step) from the rate ticks actually came at (busy
+//! targets can hold ticks below the rate asked for, and lowering the asked
+//! rate alone would change nothing); well under, it goes back up by a
+//! fifth per step, never above `--rate`. After a change the window starts over, so
 //! the next decision sees only the new rate's cost.
 
 use std::collections::VecDeque;
@@ -66,25 +68,27 @@ impl Budget {
         f64::from_bits(self.rate.load(Ordering::Relaxed))
     }
 
-    /// Measures and steers until `stop` is set, on its own thread.
-    pub fn spawn(self: &Arc<Budget>, stop: Arc<AtomicBool>) {
+    /// Measures and steers until `stop` is set, on its own thread;
+    /// `ticks` says how many ticks the sampler has taken.
+    pub fn spawn(self: &Arc<Budget>, stop: Arc<AtomicBool>, ticks: impl Fn() -> u64 + Send + 'static) {
         let me = self.clone();
         std::thread::Builder::new()
             .name("pyprof-budget".into())
             .spawn(move || {
-                let mut window: VecDeque<(Instant, Duration)> = VecDeque::from([(Instant::now(), cpu_time())]);
+                let mut window: VecDeque<(Instant, Duration, u64)> = VecDeque::from([(Instant::now(), cpu_time(), ticks())]);
                 while !stop.load(Ordering::Relaxed) && !crate::sampler::STOP.load(Ordering::Relaxed) {
                     std::thread::sleep(STEP);
-                    let now = (Instant::now(), cpu_time());
+                    let now = (Instant::now(), cpu_time(), ticks());
                     window.push_back(now);
                     while window.len() > 2 && now.0 - window[1].0 >= WINDOW {
                         window.pop_front();
                     }
-                    let (t0, c0) = window[0];
-                    let wall = now.0 - t0;
-                    let used = (now.1.saturating_sub(c0)).as_secs_f64() / wall.as_secs_f64().max(1e-9);
+                    let (t0, c0, n0) = window[0];
+                    let wall = (now.0 - t0).as_secs_f64().max(1e-9);
+                    let used = (now.1.saturating_sub(c0)).as_secs_f64() / wall;
+                    let achieved = now.2.saturating_sub(n0) as f64 / wall;
                     me.used.store(used.to_bits(), Ordering::Relaxed);
-                    if wall >= MIN_WINDOW && me.steer(used) {
+                    if now.0 - t0 >= MIN_WINDOW && me.steer(used, achieved) {
                         window.clear();
                         window.push_back(now);
                     }
@@ -93,12 +97,13 @@ impl Budget {
             .expect("spawn the CPU budget thread");
     }
 
-    /// One decision on `used` (fraction of a CPU); true if the rate changed.
-    fn steer(&self, used: f64) -> bool {
+    /// One decision on `used` (fraction of a CPU) while ticks came at
+    /// `achieved` Hz; true if the rate changed.
+    fn steer(&self, used: f64, achieved: f64) -> bool {
         let Some(limit) = self.limit else { return false };
         let rate = self.rate();
         let new = if used > limit {
-            (rate * (limit / used * 0.9).clamp(0.5, 0.95)).max(MIN_RATE_HZ)
+            (rate.min(achieved) * (limit / used * 0.9).clamp(0.5, 0.95)).max(MIN_RATE_HZ).min(rate)
         } else if used < limit * 0.5 {
             (rate * 1.2).min(self.max_rate)
         } else {
@@ -158,21 +163,24 @@ mod tests {
     #[test]
     fn lowers_in_proportion_and_recovers_up_to_the_rate() {
         let b = Budget::new(100.0, Some(0.02));
-        assert!(b.steer(0.08));
+        assert!(b.steer(0.08, 100.0));
         // 0.02 / 0.08 × 0.9 is below the floor of a halving per step.
         assert_eq!(b.rate(), 50.0);
-        assert!(b.steer(0.025));
+        assert!(b.steer(0.025, 50.0));
         assert!((b.rate() - 50.0 * 0.72).abs() < 1e-9);
         // Within budget but not well under: kept.
-        assert!(!b.steer(0.015));
+        assert!(!b.steer(0.015, 36.0));
         for _ in 0..20 {
-            b.steer(0.001);
+            b.steer(0.001, 100.0);
         }
         assert_eq!(b.rate(), 100.0);
+        // Ticks held to 10 Hz by busy targets: lowered from there.
+        assert!(b.steer(0.04, 10.0));
+        assert_eq!(b.rate(), 5.0);
         for _ in 0..100 {
-            b.steer(1.0);
+            b.steer(1.0, 100.0);
         }
         assert_eq!(b.rate(), MIN_RATE_HZ);
-        assert!(!Budget::new(100.0, None).steer(1.0));
+        assert!(!Budget::new(100.0, None).steer(1.0, 100.0));
     }
 }

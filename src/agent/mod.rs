@@ -110,7 +110,8 @@ pub fn run(cfg: &AgentConfig, exporters: Vec<Box<dyn Exporter>>) -> anyhow::Resu
         // Tests and scripts read the port from here when they asked for port 0.
         eprintln!("pyprof agent: listening on http://{addr} (/debug/pprof/profile, /metrics)");
     }
-    budget.spawn(stop.clone());
+    let ticking = windows.clone();
+    budget.spawn(stop.clone(), move || ticking.ticks());
     let pusher = {
         let (windows, exporters, stop, budget, every) = (windows.clone(), exporters.clone(), stop.clone(), budget.clone(), cfg.interval);
         std::thread::Builder::new()

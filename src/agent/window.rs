@@ -138,6 +138,11 @@ impl Windows {
         self.lock().targets.get(&pid).is_some_and(|t| !t.gone)
     }
 
+    /// Ticks taken so far.
+    pub fn ticks(&self) -> u64 {
+        self.lock().ticks
+    }
+
     /// One tick was taken.
     pub fn tick(&self) {
         self.lock().ticks += 1;

@@ -185,6 +185,26 @@ mod tests {
         assert!(before.elapsed() < held);
     }
 
+    /// A new period takes over from the next slot on: ticks then come at
+    /// the new spacing (on average; each is jittered within its slot).
+    #[test]
+    fn a_new_interval_spaces_the_following_ticks() {
+        let mut t = Timer::new(Duration::from_micros(100));
+        for _ in 0..5 {
+            t.wait();
+        }
+        t.set_interval(Duration::from_millis(10));
+        let before = std::time::Instant::now();
+        for _ in 0..10 {
+            t.wait();
+        }
+        let took = before.elapsed();
+        // Ten slots of 10 ms, the first tick anywhere in its slot.
+        assert!(took >= Duration::from_millis(90), "{took:?}");
+        assert!(took < Duration::from_millis(300), "{took:?}");
+        assert!(t.elapsed() >= took);
+    }
+
     /// The rest after a tick does not depend on that tick's own pause, so a
     /// state that costs more to read is not sampled less.
     #[test]
