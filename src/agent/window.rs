@@ -75,7 +75,16 @@ fn options() -> AggregateOptions {
     AggregateOptions::default()
 }
 
-fn meta(mode: Mode, pid: i32, command: Vec<String>, python_version: String, rate_hz: f64, secs: f64, from: SystemTime, samples: u64) -> Meta {
+/// What a window's profile says of its time: from when, how long, at what rate.
+struct Span {
+    from: SystemTime,
+    secs: f64,
+    rate_hz: f64,
+    samples: u64,
+}
+
+fn meta(mode: Mode, pid: i32, command: Vec<String>, python_version: String, span: Span) -> Meta {
+    let Span { from, secs, rate_hz, samples } = span;
     Meta {
         pid,
         command,
@@ -190,7 +199,8 @@ impl Windows {
             None => (0, vec!["pyprof agent".to_string()], String::new()),
         };
         let samples = pull.agg.samples;
-        let meta = meta(self.mode, pid, command, version, rate_over(ticks, secs, rate_hz), secs, pull.from, samples);
+        let span = Span { from: pull.from, secs, rate_hz: rate_over(ticks, secs, rate_hz), samples };
+        let meta = meta(self.mode, pid, command, version, span);
         Some(Pulled { profile: pull.agg.into_profile(meta), services })
     }
 
@@ -221,7 +231,8 @@ impl Windows {
         for (pid, agg) in window.per_target {
             let Some(info) = infos.get(&pid) else { continue };
             let argv = info.labels.command.split(' ').map(String::from).collect();
-            let mut m = meta(self.mode, pid, argv, info.labels.python_version.clone(), rate, secs, window.from, agg.samples);
+            let span = Span { from: window.from, secs, rate_hz: rate, samples: agg.samples };
+            let mut m = meta(self.mode, pid, argv, info.labels.python_version.clone(), span);
             m.cwd = info.cwd.clone();
             m.process_start = info.process_start;
             out.push(Interval { labels: info.labels.clone(), profile: agg.into_profile(m), from: window.from, until, rate_hz: rate });
