@@ -128,19 +128,31 @@ impl Agent {
     }
 }
 
-impl Drop for Agent {
-    fn drop(&mut self) {
+impl Agent {
+    /// SIGTERM, as systemd stops it: its exit status, if it exited within 10 s.
+    fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Some(status);
+        }
         // SAFETY: plain syscall on our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let end = Instant::now() + Duration::from_secs(10);
         while Instant::now() < end {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        None
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.terminate().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -288,7 +300,8 @@ fn marker(tag: &str) -> String {
 /// `--all-python --match`: a Python process there before the agent and
 /// one started after it in the sid chroot are sampled; one killed leaves
 /// the targets and the profiles; a Python process without the marker and a
-/// shell with it are left alone, and nothing is said about the shell.
+/// shell with it are left alone, and nothing is said about the shell. Then
+/// SIGTERM stops the agent with exit code 0.
 #[test]
 fn discovery_follows_processes_that_start_and_exit() {
     let (Some(host), Some(sid)) = (interpreter("pyenv-3.12"), interpreter("sid-3.14")) else { return };
@@ -297,7 +310,7 @@ fn discovery_follows_processes_that_start_and_exit() {
     let unmarked = host.spawn("agent_work.py", &["alpha"]);
     let shell: TargetProcess = spawn_argv("sh", &["sh".into(), "-c".into(), "echo ready; while :; do sleep 1; done".into(), mark.clone()]);
     let match_arg = regex_escape(&mark);
-    let agent = Agent::start(&["--all-python", "--match", &match_arg, "--exclude", "never-matches-anything-xyz"]);
+    let mut agent = Agent::start(&["--all-python", "--match", &match_arg, "--exclude", "never-matches-anything-xyz"]);
     agent.wait_targets(&pid_set(&[early.pid()]), Duration::from_secs(15));
 
     let late = sid.spawn("agent_work.py", &["beta", &mark]);
@@ -324,6 +337,10 @@ fn discovery_follows_processes_that_start_and_exit() {
     let quiet: Vec<&String> = said.iter().filter(|l| !l.contains("listening on") && !l.contains("CPU budget")).collect();
     assert!(quiet.is_empty(), "the agent logged about processes: {quiet:?}");
     assert!(!said.iter().any(|l| l.contains(&shell.pid().to_string()) || l.contains(&unmarked.pid().to_string())), "{said:?}");
+
+    // Stopped as systemd stops it: promptly, and with success.
+    let status = agent.terminate().expect("the agent did not stop within 10 s of SIGTERM");
+    assert!(status.success(), "{status:?}");
 }
 
 fn regex_escape(s: &str) -> String {

@@ -151,3 +151,64 @@ pub fn run(cfg: &AgentConfig, exporters: Vec<Box<dyn Exporter>>) -> anyhow::Resu
     }
     Ok(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::interval::{Interval, TargetLabels};
+    use crate::agent::window::TargetInfo;
+    use crate::stack::Frame;
+
+    /// Keeps what it is offered.
+    struct Keep(Arc<Mutex<Vec<Interval>>>);
+
+    impl Exporter for Keep {
+        fn offer(&self, interval: Interval) {
+            self.0.lock().unwrap().push(interval);
+        }
+        fn metrics(&self) -> Vec<export::Metric> {
+            Vec::new()
+        }
+        fn flush(&self, _: Instant) {}
+    }
+
+    #[test]
+    fn each_exporter_is_offered_each_targets_interval() {
+        let windows = Windows::new(Mode::Wall, true);
+        let labels = TargetLabels {
+            pid: 7,
+            service: "app".into(),
+            command: "python app.py".into(),
+            python_version: "3.12.1".into(),
+            host: "h".into(),
+            extra: vec![("env".into(), "prod".into())],
+        };
+        windows.add_target(TargetInfo { labels: labels.clone(), cwd: "/srv".into(), process_start: None });
+        let frames = [Frame::python("work", "app.py", 3)];
+        let mut feed = Feed { windows: windows.clone(), counters: Arc::new(Counters::default()) };
+        for _ in 0..5 {
+            windows.tick();
+            feed.add(&Sample {
+                pid: 7,
+                command: "python app.py",
+                native_id: Some(7),
+                name: None,
+                frames: &frames,
+                holds_gil: false,
+                on_cpu: false,
+                in_gc: false,
+            });
+        }
+        let (a, b) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+        let exporters: Mutex<Vec<Box<dyn Exporter>>> = Mutex::new(vec![Box::new(Keep(a.clone())), Box::new(Keep(b.clone()))]);
+        offer_all(&exporters, &windows, 100.0);
+        for got in [a, b] {
+            let got = got.lock().unwrap();
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].labels, labels);
+            assert_eq!(got[0].profile.total_samples(), 5);
+            assert_eq!(got[0].profile.meta.cwd, "/srv");
+            assert!(got[0].from <= got[0].until);
+        }
+    }
+}
