@@ -300,8 +300,8 @@ fn marker(tag: &str) -> String {
 /// `--all-python --match`: a Python process there before the agent and
 /// one started after it in the sid chroot are sampled; one killed leaves
 /// the targets and the profiles; a Python process without the marker and a
-/// shell with it are left alone, and nothing is said about the shell. Then
-/// SIGTERM stops the agent with exit code 0.
+/// shell with it are left alone, and nothing is said about the shell. With
+/// no target left it keeps running; SIGTERM stops it with exit code 0.
 #[test]
 fn discovery_follows_processes_that_start_and_exit() {
     let (Some(host), Some(sid)) = (interpreter("pyenv-3.12"), interpreter("sid-3.14")) else { return };
@@ -337,6 +337,13 @@ fn discovery_follows_processes_that_start_and_exit() {
     let quiet: Vec<&String> = said.iter().filter(|l| !l.contains("listening on") && !l.contains("CPU budget")).collect();
     assert!(quiet.is_empty(), "the agent logged about processes: {quiet:?}");
     assert!(!said.iter().any(|l| l.contains(&shell.pid().to_string()) || l.contains(&unmarked.pid().to_string())), "{said:?}");
+
+    // With no target left the agent goes on ticking, waiting for new ones.
+    drop(late);
+    agent.wait_targets(&BTreeSet::new(), Duration::from_secs(10));
+    let ticks = value(&agent.metrics(), "pyprof_agent_ticks_total");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(value(&agent.metrics(), "pyprof_agent_ticks_total") > ticks, "sampling stopped with its last target");
 
     // Stopped as systemd stops it: promptly, and with success.
     let status = agent.terminate().expect("the agent did not stop within 10 s of SIGTERM");
