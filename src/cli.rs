@@ -40,6 +40,8 @@ pub enum Command {
     Report(ReportArgs),
     /// Watch a running process (--pid) or a command (-- CMD ...) live: functions by own and total time.
     Top(TopArgs),
+    /// Profile a host's Python processes continuously, for Parca, Pyroscope and OpenTelemetry (docs/agent.md).
+    Agent(AgentArgs),
 }
 
 #[derive(Args, Debug)]
@@ -209,7 +211,13 @@ impl RecordArgs {
         attach.extras.exception = self.mode == ModeArg::Exception;
         Ok(RecordConfig {
             target,
-            sampling: SamplingConfig { rate_hz: self.rate, duration: self.duration, mode: self.mode.into(), include_empty: self.include_idle_threads },
+            sampling: SamplingConfig {
+                rate_hz: self.rate,
+                duration: self.duration,
+                mode: self.mode.into(),
+                include_empty: self.include_idle_threads,
+                ..Default::default()
+            },
             aggregate: AggregateOptions { by_function: self.function, thread_roots: self.threads, process_roots: self.subprocesses },
             output,
             format,
@@ -342,6 +350,130 @@ impl TopArgs {
         .into_config()
         .map_err(|e| anyhow::anyhow!(e.to_string().replace("pyprof record", "pyprof top")))?;
         Ok(crate::top::TopConfig { record, write: self.output.is_some(), rows: self.rows, refresh: self.refresh })
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    /// Process id to profile; repeatable.
+    #[arg(short, long = "pid", value_name = "PID")]
+    pub pids: Vec<i32>,
+
+    /// Every Python process of the host, containers' included, as they start and exit.
+    #[arg(long, conflicts_with = "pids")]
+    pub all_python: bool,
+
+    /// With --all-python: only processes whose command line matches this regex.
+    #[arg(long = "match", value_name = "REGEX", requires = "all_python")]
+    pub match_: Option<String>,
+
+    /// With --all-python: not processes whose command line matches this regex.
+    #[arg(long, value_name = "REGEX", requires = "all_python")]
+    pub exclude: Option<String>,
+
+    /// Samples per second per thread (the CPU budget may lower it).
+    #[arg(short, long, default_value = "100", value_parser = parse_rate)]
+    pub rate: f64,
+
+    /// wall: every thread; cpu: threads on a CPU; gil: the GIL holder;
+    /// exception: threads raising or handling an exception.
+    #[arg(long, value_enum, default_value = "wall")]
+    pub mode: ModeArg,
+
+    /// CPU budget of the agent, in percent of one CPU: over it, the rate is lowered.
+    #[arg(long, value_name = "PERCENT", default_value = "2%", value_parser = parse_percent)]
+    pub max_cpu: f64,
+
+    /// Serve /debug/pprof/profile and /metrics on ADDR:PORT (port 0: any free port, printed).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<String>,
+
+    /// How often a profile per target is pushed (--push, --otlp).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub interval: Duration,
+
+    /// Service name of every target (default: each its script or module name).
+    #[arg(long)]
+    pub service: Option<String>,
+
+    /// Extra label on every profile, as KEY=VALUE; repeatable.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+
+    /// Stop after this long (default: on SIGINT or SIGTERM).
+    #[arg(short, long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Grafana Pyroscope URL to push to ({URL}/ingest).
+    #[arg(long, value_name = "URL")]
+    pub push: Option<String>,
+
+    /// OTLP/HTTP URL to push profiles to (development-stage signal).
+    #[arg(long, value_name = "URL")]
+    pub otlp: Option<String>,
+
+    /// Header on every push, as 'Name: value' (authentication); repeatable.
+    /// Never printed. The variable holds one per line.
+    #[arg(long = "header", value_name = "NAME: VALUE", env = "PYPROF_AGENT_HEADERS", hide_env_values = true, value_delimiter = '\n')]
+    pub headers: Vec<String>,
+}
+
+impl AgentArgs {
+    pub fn into_config(self) -> anyhow::Result<crate::agent::AgentConfig> {
+        use crate::agent::discover::Selection;
+        let regex = |flag: &str, r: Option<String>| -> anyhow::Result<Option<regex::Regex>> {
+            r.map(|r| {
+                regex::Regex::new(&r).map_err(|e| anyhow::anyhow!("--{flag}: not a regular expression: {}", e.to_string().lines().last().unwrap_or("").trim()))
+            })
+            .transpose()
+        };
+        let selection = if self.all_python {
+            Selection::All { include: regex("match", self.match_)?, exclude: regex("exclude", self.exclude)? }
+        } else if !self.pids.is_empty() {
+            Selection::Pids(self.pids)
+        } else {
+            anyhow::bail!("give --pid PID (repeatable) or --all-python, e.g. pyprof agent --all-python --listen 127.0.0.1:4040");
+        };
+        if self.listen.is_none() && self.push.is_none() && self.otlp.is_none() {
+            anyhow::bail!("nowhere to send profiles: give --listen ADDR:PORT, --push URL or --otlp URL");
+        }
+        let mut headers = Vec::new();
+        for (i, h) in self.headers.iter().filter(|h| !h.trim().is_empty()).enumerate() {
+            // The value is a secret: the message names the header's place, not its text.
+            let (k, v) = h.split_once(':').filter(|(k, _)| !k.trim().is_empty()).ok_or_else(|| anyhow::anyhow!("header {} is not 'Name: value'", i + 1))?;
+            headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+        let mut attach = AttachOptions::default();
+        attach.extras.gc = true;
+        attach.extras.exception = self.mode == ModeArg::Exception;
+        Ok(crate::agent::AgentConfig {
+            selection,
+            rate_hz: self.rate,
+            mode: self.mode.into(),
+            max_cpu: Some(self.max_cpu / 100.0),
+            listen: self.listen,
+            interval: self.interval,
+            service: self.service,
+            labels: self.labels,
+            duration: self.duration,
+            push: crate::agent::export::PushOptions { pyroscope: self.push, otlp: self.otlp, headers },
+            attach,
+        })
+    }
+}
+
+/// "2%", "2", "0.5%": percent of one CPU, above 0.
+fn parse_percent(s: &str) -> Result<f64, String> {
+    match s.trim().trim_end_matches('%').trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("{s:?} is not a CPU share in percent, e.g. 2%")),
+    }
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() && k.trim().chars().all(|c| c.is_ascii_alphanumeric() || c == '_') => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!("{s:?} is not KEY=VALUE (KEY of letters, digits and _)")),
     }
 }
 

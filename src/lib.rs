@@ -43,5 +43,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Diff(args) => diff::run(&args.into_config()?),
         Command::Report(args) => report::run(&args.into_config()?),
         Command::Top(args) => top::run(&args.into_config()?),
+        // The push exporters (agent::push) are wired in here when they exist.
+        Command::Agent(args) => agent::run(&args.into_config()?, Vec::new()),
     }
 }

@@ -1,5 +1,214 @@
 //! `pyprof agent`: continuous profiling of a host's Python processes for
 //! Parca, Grafana Pyroscope and OpenTelemetry collectors (pull and push).
+//!
+//! The sampler runs on the calling thread with no end of its own (it keeps
+//! ticking without targets); [`discover`] adds and drops targets after each
+//! tick; every sample goes to the [`window`]s (pull requests in progress,
+//! the push interval in progress); [`server`] answers scrapers on its own
+//! threads; [`budget`] keeps the agent's CPU under `--max-cpu` by lowering
+//! the rate. Every `--interval` the push window is cut and each target's
+//! [`Interval`](interval::Interval) is offered to each exporter, which never blocks.
 
+pub mod budget;
+pub mod discover;
 pub mod export;
 pub mod interval;
+pub mod labels;
+pub mod metrics;
+pub mod pull;
+pub mod server;
+pub mod window;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::attach::AttachOptions;
+use crate::sampler::{self, Mode, Sample, SamplerStats, SamplingConfig, Sink};
+use discover::{Finder, Selection};
+use export::{Exporter, PushOptions};
+use metrics::Counters;
+use window::Windows;
+
+/// How long exporters get to deliver what they hold when the agent stops.
+const FLUSH_DEADLINE: Duration = Duration::from_secs(3);
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub selection: Selection,
+    /// Highest rate (`--rate`); the CPU budget may sample slower.
+    pub rate_hz: f64,
+    pub mode: Mode,
+    /// `--max-cpu`, as a fraction of one CPU; None: no budget.
+    pub max_cpu: Option<f64>,
+    /// `--listen ADDR:PORT`.
+    pub listen: Option<String>,
+    /// Push interval.
+    pub interval: Duration,
+    pub service: Option<String>,
+    pub labels: Vec<(String, String)>,
+    /// Stop after this long (tests); None: until SIGINT or SIGTERM.
+    pub duration: Option<Duration>,
+    pub push: PushOptions,
+    pub attach: AttachOptions,
+}
+
+/// The sampler's sink: every sample to the windows, the running totals to
+/// the counters.
+struct Feed {
+    windows: Arc<Windows>,
+    counters: Arc<Counters>,
+}
+
+impl Sink for Feed {
+    fn add(&mut self, s: &Sample) {
+        self.windows.add(s);
+    }
+
+    fn flush(&mut self, stats: &SamplerStats, _threads: usize) {
+        self.counters.sampled(stats);
+    }
+}
+
+fn offer_all(exporters: &Mutex<Vec<Box<dyn Exporter>>>, windows: &Windows, rate_hz: f64) {
+    let intervals = windows.cut(rate_hz);
+    let exporters = exporters.lock().unwrap_or_else(|p| p.into_inner());
+    for interval in intervals {
+        for e in exporters.iter() {
+            e.offer(interval.clone());
+        }
+    }
+}
+
+/// Runs until SIGINT, SIGTERM or `--duration`; returns the exit code.
+pub fn run(cfg: &AgentConfig, exporters: Vec<Box<dyn Exporter>>) -> anyhow::Result<i32> {
+    // First: a port in use must fail before anything is attached.
+    let listener = cfg.listen.as_deref().map(server::bind).transpose()?;
+    sampler::install_signal_handlers();
+    let windows = Windows::new(cfg.mode, !exporters.is_empty());
+    let counters = Arc::new(Counters::default());
+    let exporters = Arc::new(Mutex::new(exporters));
+    let stop = Arc::new(AtomicBool::new(false));
+    let budget = budget::Budget::new(cfg.rate_hz, cfg.max_cpu);
+
+    let labels = labels::LabelSource::new(cfg.service.clone(), cfg.labels.clone());
+    let mut finder = Finder::new(cfg.selection.clone(), cfg.attach.clone(), labels, windows.clone(), counters.clone());
+    let mut sessions = Vec::new();
+    finder.attach_given(&mut sessions)?;
+
+    if let Some((server, addr)) = listener {
+        let ctx = Arc::new(server::Ctx {
+            windows: windows.clone(),
+            counters: counters.clone(),
+            budget: budget.clone(),
+            exporters: exporters.clone(),
+            stop: stop.clone(),
+        });
+        server::spawn(server, ctx);
+        // Tests and scripts read the port from here when they asked for port 0.
+        eprintln!("pyprof agent: listening on http://{addr} (/debug/pprof/profile, /metrics)");
+    }
+    let ticking = windows.clone();
+    budget.spawn(stop.clone(), move || ticking.ticks());
+    let pusher = {
+        let (windows, exporters, stop, budget, every) = (windows.clone(), exporters.clone(), stop.clone(), budget.clone(), cfg.interval);
+        std::thread::Builder::new()
+            .name("pyprof-interval".into())
+            .spawn(move || {
+                let mut next = Instant::now() + every;
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(next.saturating_duration_since(Instant::now()).min(Duration::from_millis(100)));
+                    if Instant::now() >= next {
+                        next += every;
+                        offer_all(&exporters, &windows, budget.rate());
+                    }
+                }
+            })
+            .context("cannot start the interval thread")?
+    };
+
+    let sampling = SamplingConfig {
+        rate_hz: cfg.rate_hz,
+        duration: cfg.duration,
+        mode: cfg.mode,
+        include_empty: false,
+        run_without_targets: true,
+        rate_control: Some(budget.rate_control()),
+    };
+    let mut feed = Feed { windows: windows.clone(), counters: counters.clone() };
+    let (stats, _reason) = sampler::run(&mut sessions, &sampling, &mut feed, &mut sampler::NoProgress, Some(&mut finder));
+    counters.sampled(&stats);
+
+    stop.store(true, Ordering::Relaxed);
+    let _ = pusher.join();
+    // The interval in progress is pushed too, then exporters get a moment.
+    offer_all(&exporters, &windows, budget.rate());
+    let deadline = Instant::now() + FLUSH_DEADLINE;
+    for e in exporters.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        e.flush(deadline);
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::interval::{Interval, TargetLabels};
+    use crate::agent::window::TargetInfo;
+    use crate::stack::Frame;
+
+    /// Keeps what it is offered.
+    struct Keep(Arc<Mutex<Vec<Interval>>>);
+
+    impl Exporter for Keep {
+        fn offer(&self, interval: Interval) {
+            self.0.lock().unwrap().push(interval);
+        }
+        fn metrics(&self) -> Vec<export::Metric> {
+            Vec::new()
+        }
+        fn flush(&self, _: Instant) {}
+    }
+
+    #[test]
+    fn each_exporter_is_offered_each_targets_interval() {
+        let windows = Windows::new(Mode::Wall, true);
+        let labels = TargetLabels {
+            pid: 7,
+            service: "app".into(),
+            command: "python app.py".into(),
+            python_version: "3.12.1".into(),
+            host: "h".into(),
+            extra: vec![("env".into(), "prod".into())],
+        };
+        windows.add_target(TargetInfo { labels: labels.clone(), cwd: "/srv".into(), process_start: None });
+        let frames = [Frame::python("work", "app.py", 3)];
+        let mut feed = Feed { windows: windows.clone(), counters: Arc::new(Counters::default()) };
+        for _ in 0..5 {
+            windows.tick();
+            feed.add(&Sample {
+                pid: 7,
+                command: "python app.py",
+                native_id: Some(7),
+                name: None,
+                frames: &frames,
+                holds_gil: false,
+                on_cpu: false,
+                in_gc: false,
+            });
+        }
+        let (a, b) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+        let exporters: Mutex<Vec<Box<dyn Exporter>>> = Mutex::new(vec![Box::new(Keep(a.clone())), Box::new(Keep(b.clone()))]);
+        offer_all(&exporters, &windows, 100.0);
+        for got in [a, b] {
+            let got = got.lock().unwrap();
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].labels, labels);
+            assert_eq!(got[0].profile.total_samples(), 5);
+            assert_eq!(got[0].profile.meta.cwd, "/srv");
+            assert!(got[0].from <= got[0].until);
+        }
+    }
+}

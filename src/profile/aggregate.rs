@@ -47,6 +47,8 @@ pub struct Aggregator {
     keep: Vec<std::sync::Arc<str>>,
     pub samples: u64,
     pub overflowed: u64,
+    /// A lower cap than [`MAX_STACKS`] ([`Aggregator::with_max_stacks`]).
+    max_stacks: Option<usize>,
 }
 
 #[derive(Default)]
@@ -59,6 +61,12 @@ struct Roots {
 impl Aggregator {
     pub fn new(opts: AggregateOptions) -> Aggregator {
         Aggregator { opts, ..Default::default() }
+    }
+
+    /// Past `n` distinct stacks, new ones go under "[other stacks]": the
+    /// agent keeps many aggregators at once and bounds each lower.
+    pub fn with_max_stacks(opts: AggregateOptions, n: usize) -> Aggregator {
+        Aggregator { opts, max_stacks: Some(n.min(MAX_STACKS)), ..Default::default() }
     }
 
     fn intern(&mut self, frame: Frame) -> u32 {
@@ -157,7 +165,7 @@ impl Aggregator {
         key.clear();
         key.push(thread);
         self.push_roots(&mut key, thread, pid, command, native_id, name);
-        let room = self.stacks.len() < MAX_STACKS;
+        let room = self.stacks.len() < self.max_stacks.unwrap_or(MAX_STACKS);
         let mut known = true;
         for f in frames.iter().rev() {
             match self.intern_py(f, room) {

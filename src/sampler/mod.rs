@@ -8,7 +8,8 @@
 pub mod timer;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::error::Error;
@@ -48,11 +49,18 @@ pub struct SamplingConfig {
     /// Also count threads with no Python frame at that moment (a thread
     /// blocked in C before its first frame); off, they are left out.
     pub include_empty: bool,
+    /// Keep ticking (and polling the [`Discover`]) when no target is left:
+    /// the agent waits for new processes instead of stopping.
+    pub run_without_targets: bool,
+    /// When set, the rate in force (Hz, an f64's bits), read before every
+    /// tick: the agent's CPU budget lowers it while sampling runs. It
+    /// changes the schedule, never a tick's place because of what it found.
+    pub rate_control: Option<Arc<AtomicU64>>,
 }
 
 impl Default for SamplingConfig {
     fn default() -> Self {
-        SamplingConfig { rate_hz: 100.0, duration: None, mode: Mode::Wall, include_empty: false }
+        SamplingConfig { rate_hz: 100.0, duration: None, mode: Mode::Wall, include_empty: false, run_without_targets: false, rate_control: None }
     }
 }
 
@@ -319,7 +327,14 @@ pub fn run(
     let mut commands: std::collections::HashMap<i32, String> = sessions.iter().map(|s| s.pid()).zip(commands).collect();
     let mut last_progress = Duration::ZERO;
     let torn = crate::stack::Frame::python(TORN, "", 0);
+    let mut rate_hz = cfg.rate_hz;
     let reason = loop {
+        if let Some(hz) = cfg.rate_control.as_ref().map(|r| f64::from_bits(r.load(Ordering::Relaxed))) {
+            if hz != rate_hz && hz > 0.0 && hz.is_finite() {
+                rate_hz = hz;
+                timer.set_interval(Duration::from_secs_f64(1.0 / hz));
+            }
+        }
         timer.wait();
         if STOP.load(Ordering::SeqCst) {
             break StopReason::Interrupted;
@@ -388,7 +403,7 @@ pub fn run(
             execd.into_iter().for_each(|pid| d.execd(pid));
         }
         timer.rest(held);
-        if sessions.is_empty() {
+        if sessions.is_empty() && !cfg.run_without_targets {
             break StopReason::TargetExited;
         }
         if let Some(d) = discover.as_deref_mut() {

@@ -22,6 +22,9 @@ fn sleep_until_ns(deadline: u64) {
 }
 
 pub struct Timer {
+    /// When the timer was made: [`Timer::elapsed`] counts from here.
+    origin: u64,
+    /// Where the schedule of deadlines starts (moved by [`Timer::set_interval`]).
     start: u64,
     interval: u64,
     /// Index of the next tick.
@@ -57,6 +60,7 @@ impl Timer {
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
         let start = now_ns();
         Timer {
+            origin: start,
             start,
             interval: interval.as_nanos().max(1) as u64,
             n: 0,
@@ -133,7 +137,17 @@ impl Timer {
     }
 
     pub fn elapsed(&self) -> Duration {
-        Duration::from_nanos(now_ns() - self.start)
+        Duration::from_nanos(now_ns() - self.origin)
+    }
+
+    /// A new tick period from the next tick on: the schedule starts over
+    /// at the end of the current slot, so the rule above (deadline n at
+    /// `start + n × interval + jitter`) holds for the new period as it did
+    /// for the old one. Late and skipped counts carry on.
+    pub fn set_interval(&mut self, interval: Duration) {
+        self.start += self.n * self.interval;
+        self.n = 0;
+        self.interval = interval.as_nanos().max(1) as u64;
     }
 }
 
@@ -169,6 +183,26 @@ mod tests {
         t.rest(Duration::ZERO);
         t.wait();
         assert!(before.elapsed() < held);
+    }
+
+    /// A new period takes over from the next slot on: ticks then come at
+    /// the new spacing (on average; each is jittered within its slot).
+    #[test]
+    fn a_new_interval_spaces_the_following_ticks() {
+        let mut t = Timer::new(Duration::from_micros(100));
+        for _ in 0..5 {
+            t.wait();
+        }
+        t.set_interval(Duration::from_millis(10));
+        let before = std::time::Instant::now();
+        for _ in 0..10 {
+            t.wait();
+        }
+        let took = before.elapsed();
+        // Ten slots of 10 ms, the first tick anywhere in its slot.
+        assert!(took >= Duration::from_millis(90), "{took:?}");
+        assert!(took < Duration::from_millis(300), "{took:?}");
+        assert!(t.elapsed() >= took);
     }
 
     /// The rest after a tick does not depend on that tick's own pause, so a
