@@ -1,0 +1,144 @@
+//! One push request: an HTTP POST with the user's headers, bounded in time,
+//! and its answer sorted into delivered, worth retrying, or refused.
+//!
+//! ureq: a blocking client (each exporter has its own sender thread, so
+//! nothing here needs an async runtime), with a whole-request timeout, so a
+//! backend that accepts the connection and never answers releases the
+//! thread after [`Tuning::request_timeout`](super::Tuning).
+
+use std::time::Duration;
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+
+use super::secret::{Headers, display_url};
+use super::{PushError, Tuning};
+
+/// What an encoder makes of one interval.
+pub struct Request {
+    /// Appended to the endpoint's URL, percent-encoded here.
+    pub query: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+    pub content_type: &'static str,
+    pub content_encoding: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Failure {
+    /// The backend is down, overloaded or slow: try again later (after
+    /// `after` if it said so).
+    Retry { reason: String, after: Option<Duration> },
+    /// The backend refused this request; sending it again would not help.
+    Reject { reason: String },
+}
+
+impl Failure {
+    pub fn reason(&self) -> &str {
+        match self {
+            Failure::Retry { reason, .. } | Failure::Reject { reason } => reason,
+        }
+    }
+}
+
+pub struct Endpoint {
+    url: String,
+    /// The URL as logs may show it.
+    pub shown: String,
+    pub headers: Headers,
+    agent: ureq::Agent,
+}
+
+/// Everything but the unreserved characters (RFC 3986): `{`, `}`, `=`, `,`,
+/// `&` and `+` in a Pyroscope label set must reach the server as written.
+const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+impl Endpoint {
+    pub fn parse(flag: &'static str, url: &str, headers: Headers, tuning: &Tuning) -> Result<Endpoint, PushError> {
+        let bad = |reason: &str| PushError::BadUrl { flag, url: display_url(url), reason: reason.to_string() };
+        let uri: ureq::http::Uri = url.parse().map_err(|_| bad("not a URL"))?;
+        match uri.scheme_str() {
+            Some("http" | "https") => {}
+            _ => return Err(bad("expected an http:// or https:// URL")),
+        }
+        if uri.host().is_none_or(str::is_empty) {
+            return Err(bad("no host"));
+        }
+        let config = ureq::Agent::config_builder()
+            .timeout_connect(Some(tuning.connect_timeout))
+            .timeout_global(Some(tuning.request_timeout))
+            // Answers are sorted below, 4xx and 5xx included.
+            .http_status_as_error(false)
+            // A redirect would carry the credentials somewhere else, and a
+            // POST after a 301 or 302 turns into a GET: refuse it and say where.
+            .max_redirects(0)
+            .max_redirects_will_error(false)
+            .user_agent(format!("pyprof/{}", env!("CARGO_PKG_VERSION")))
+            .build();
+        Ok(Endpoint { url: url.to_string(), shown: display_url(url), headers, agent: ureq::Agent::new_with_config(config) })
+    }
+
+    /// The full URL a request goes to, query included.
+    pub fn url_for(&self, request: &Request) -> String {
+        let mut url = self.url.clone();
+        let mut sep = if url.contains('?') { '&' } else { '?' };
+        for (k, v) in &request.query {
+            url.push(sep);
+            url.push_str(k);
+            url.push('=');
+            url.extend(utf8_percent_encode(v, QUERY_VALUE));
+            sep = '&';
+        }
+        url
+    }
+
+    pub fn post(&self, request: &Request) -> Result<(), Failure> {
+        let mut builder = self.agent.post(self.url_for(request)).content_type(request.content_type);
+        if let Some(encoding) = request.content_encoding {
+            builder = builder.header("Content-Encoding", encoding);
+        }
+        for (name, value) in self.headers.iter() {
+            builder = builder.header(name, value);
+        }
+        let mut response = match builder.send(&request.body[..]) {
+            Ok(r) => r,
+            Err(e) => return Err(self.transport_failure(e)),
+        };
+        let status = response.status().as_u16();
+        // Read what the server said (bounded), so the connection can be
+        // reused and a refusal can say why.
+        let text = response.body_mut().with_config().limit(64 * 1024).read_to_vec().unwrap_or_default();
+        if (200..300).contains(&status) {
+            return Ok(());
+        }
+        let after = response.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok()).map(Duration::from_secs);
+        let mut reason = format!("HTTP {status}");
+        let said = String::from_utf8_lossy(&text);
+        let said = said.split_whitespace().collect::<Vec<_>>().join(" ");
+        if (300..400).contains(&status) {
+            if let Some(to) = response.headers().get("location").and_then(|v| v.to_str().ok()) {
+                reason.push_str(&format!(", redirected to {} (give that URL instead)", display_url(to)));
+            }
+        } else if !said.is_empty() {
+            let cut: String = said.chars().take(200).collect();
+            reason.push_str(&format!(": {}", self.headers.scrub(&cut)));
+        }
+        // 408, 429 and 5xx are the backend's trouble, the rest is the request's
+        // (the OTLP/HTTP spec retries 429, 502, 503, 504; a plain 500 from
+        // Pyroscope is as often an overloaded ingester).
+        if status == 408 || status == 429 || status >= 500 { Err(Failure::Retry { reason, after }) } else { Err(Failure::Reject { reason }) }
+    }
+
+    fn transport_failure(&self, e: ureq::Error) -> Failure {
+        let reason = match &e {
+            ureq::Error::Timeout(_) => "timed out".to_string(),
+            ureq::Error::HostNotFound => "host not found".to_string(),
+            ureq::Error::ConnectionFailed => "connection failed".to_string(),
+            ureq::Error::Io(io) => io.to_string(),
+            other => other.to_string(),
+        };
+        let reason = self.headers.scrub(&reason);
+        match e {
+            ureq::Error::BadUri(_) | ureq::Error::Http(_) | ureq::Error::InvalidProxyUrl => Failure::Reject { reason },
+            _ => Failure::Retry { reason, after: None },
+        }
+    }
+}
