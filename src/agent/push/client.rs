@@ -31,14 +31,6 @@ pub enum Failure {
     Reject { reason: String },
 }
 
-impl Failure {
-    pub fn reason(&self) -> &str {
-        match self {
-            Failure::Retry { reason, .. } | Failure::Reject { reason } => reason,
-        }
-    }
-}
-
 pub struct Endpoint {
     url: String,
     /// The URL as logs may show it.
@@ -118,8 +110,10 @@ impl Endpoint {
                 reason.push_str(&format!(", redirected to {} (give that URL instead)", display_url(to)));
             }
         } else if !said.is_empty() {
-            let cut: String = said.chars().take(200).collect();
-            reason.push_str(&format!(": {}", self.headers.scrub(&cut)));
+            // Scrubbed whole, then cut: a cut could split a secret so that
+            // the scrub no longer sees it.
+            let cut: String = self.headers.scrub(&said).chars().take(200).collect();
+            reason.push_str(&format!(": {cut}"));
         }
         // 408, 429 and 5xx are the backend's trouble, the rest is the request's
         // (the OTLP/HTTP spec retries 429, 502, 503, 504; a plain 500 from

@@ -140,15 +140,15 @@ impl Shared {
             Some(b) => b.failures += 1,
             None => {
                 state.burst = Some(Burst { since: Instant::now(), failures: 1, dropped_before: self.dropped_total() });
-                let what = match failure {
-                    Failure::Retry { .. } => "retrying with backoff",
-                    Failure::Reject { .. } => "refused, dropped",
-                };
-                self.warn(format_args!(
-                    "failing ({}); {what}, queueing at most {} intervals meanwhile (no more warnings until it recovers)",
-                    failure.reason(),
-                    self.limits.max_intervals
-                ));
+                match failure {
+                    Failure::Retry { reason, .. } => self.warn(format_args!(
+                        "failing ({reason}); retrying with backoff, keeping at most {} intervals queued (no more warnings until it recovers)",
+                        self.limits.max_intervals
+                    )),
+                    Failure::Reject { reason } => {
+                        self.warn(format_args!("refused ({reason}); what it refuses is dropped (no more warnings until a push succeeds)"))
+                    }
+                }
             }
         }
     }
