@@ -39,6 +39,13 @@ pub struct Endpoint {
     agent: ureq::Agent,
 }
 
+/// The URL as logs show it and the header names: nothing secret.
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint").field("url", &self.shown).field("headers", &self.headers).finish_non_exhaustive()
+    }
+}
+
 /// Everything but the unreserved characters (RFC 3986): `{`, `}`, `=`, `,`,
 /// `&` and `+` in a Pyroscope label set must reach the server as written.
 const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
@@ -53,6 +60,9 @@ impl Endpoint {
         }
         if uri.host().is_none_or(str::is_empty) {
             return Err(bad("no host"));
+        }
+        if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+            return Err(bad("credentials in a URL show in `ps` and in logs: give them with --header 'Authorization: ...' or PYPROF_PUSH_HEADERS"));
         }
         let config = ureq::Agent::config_builder()
             .timeout_connect(Some(tuning.connect_timeout))
@@ -134,5 +144,40 @@ impl Endpoint {
             ureq::Error::BadUri(_) | ureq::Error::Http(_) | ureq::Error::InvalidProxyUrl => Failure::Reject { reason },
             _ => Failure::Retry { reason, after: None },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(url: &str) -> Result<Endpoint, PushError> {
+        Endpoint::parse("--push", url, Headers::default(), &Tuning::default())
+    }
+
+    #[test]
+    fn bad_urls_are_refused_without_showing_credentials() {
+        assert!(parse("ftp://host/x").unwrap_err().to_string().contains("http://"));
+        assert!(parse("not a url").is_err());
+        let e = parse("https://123:glc_secret@profiles.example").unwrap_err().to_string();
+        assert!(e.contains("--header") && !e.contains("glc_secret"), "{e}");
+        let ok = Endpoint::parse(
+            "--push",
+            "http://127.0.0.1:4040",
+            Headers::new(vec![("Authorization".into(), "Bearer tok-123".into())]).unwrap(),
+            &Tuning::default(),
+        )
+        .unwrap();
+        let shown = format!("{ok:?}");
+        assert!(shown.contains("http://127.0.0.1:4040") && shown.contains("Authorization") && !shown.contains("tok-123"), "{shown}");
+    }
+
+    #[test]
+    fn query_is_appended_and_encoded() {
+        let e = parse("http://h:1/ingest").unwrap();
+        let r = Request { query: vec![("name", "a{b=c d,e=f+g&h}".into()), ("from", "1".into())], body: vec![], content_type: "x", content_encoding: None };
+        assert_eq!(e.url_for(&r), "http://h:1/ingest?name=a%7Bb%3Dc%20d%2Ce%3Df%2Bg%26h%7D&from=1");
+        let e = parse("http://h:1/ingest?tenant=t").unwrap();
+        assert_eq!(e.url_for(&r).split_once("&name=").map(|(a, _)| a), Some("http://h:1/ingest?tenant=t"));
     }
 }
