@@ -123,8 +123,13 @@ fn expected_counts(p: &Profile) -> BTreeMap<String, (u64, u64)> {
     out
 }
 
-fn metric(metrics: &[Metric], name: &str, reason: Option<&str>) -> f64 {
-    metrics.iter().filter(|m| m.name == name && reason.is_none_or(|r| m.labels.iter().any(|(k, v)| k == "reason" && v == r))).map(|m| m.value).sum()
+/// The sum of `name`'s rows, or of those whose `reason` or `kind` label is `which`.
+fn metric(metrics: &[Metric], name: &str, which: Option<&str>) -> f64 {
+    metrics
+        .iter()
+        .filter(|m| m.name == name && which.is_none_or(|w| m.labels.iter().any(|(k, v)| (k == "reason" || k == "kind") && v == w)))
+        .map(|m| m.value)
+        .sum()
 }
 
 fn seconds(t: SystemTime) -> f64 {
@@ -452,6 +457,8 @@ fn child_failing_backend(profile: &Profile) -> serde_json::Value {
                 "dropped_queue_full": metric(&m, "pyprof_push_dropped_total", Some("queue_full")),
                 "dropped_shutdown": metric(&m, "pyprof_push_dropped_total", Some("shutdown")),
                 "failed_requests": metric(&m, "pyprof_push_failed_requests_total", None),
+                "failed_5xx": metric(&m, "pyprof_push_failed_requests_total", Some("http_5xx")),
+                "failed_timeout": metric(&m, "pyprof_push_failed_requests_total", Some("timeout")),
                 "high_water": metric(&m, "pyprof_push_queue_high_water", None),
                 "queued_after_flush": metric(&m, "pyprof_push_queue_intervals", None),
                 "up": metric(&m, "pyprof_push_up", None),
@@ -522,7 +529,8 @@ fn failing_backend_never_stalls_offer_and_warns_once_per_burst() {
         assert!(n("dropped_queue_full") > 0.0, "{name}: a 13 s outage at 10 intervals/s must overflow a queue of {CHILD_QUEUE}: {e}");
         assert_eq!(n("dropped_shutdown"), 0.0, "{name}: the backlog was not sent before the flush deadline: {e}");
         assert!(n("high_water") <= CHILD_QUEUE as f64 && n("queued_after_flush") == 0.0, "{e}");
-        assert!(n("failed_requests") >= 2.0 && n("up") == 1.0, "{e}");
+        // The 500s were seen, and the stall outlasted the client's timeout.
+        assert!(n("failed_5xx") >= 1.0 && n("failed_timeout") >= 1.0 && n("up") == 1.0, "{e}");
         // Delivered after recovery includes intervals offered during the outage.
         let froms_key = if name == "pyroscope" { "pyroscope_ok_froms" } else { "otlp_ok_froms" };
         let froms: Vec<u64> = r[froms_key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
@@ -576,7 +584,8 @@ fn child_headers(profile: &Profile) -> serde_json::Value {
         .count();
     let delivered: f64 = exporters.iter().map(|e| metric(&e.metrics(), "pyprof_push_delivered_total", None)).sum();
     let rejected: f64 = exporters.iter().map(|e| metric(&e.metrics(), "pyprof_push_dropped_total", Some("rejected"))).sum();
-    serde_json::json!({ "requests": requests.len(), "carried_both": carried, "refused_first": refused, "delivered": delivered, "rejected": rejected })
+    let refusals: f64 = exporters.iter().map(|e| metric(&e.metrics(), "pyprof_push_failed_requests_total", Some("http_refused"))).sum();
+    serde_json::json!({ "requests": requests.len(), "carried_both": carried, "refused_first": refused, "delivered": delivered, "rejected": rejected, "refusals": refusals })
 }
 
 /// The authentication headers (from `--header` and from
@@ -592,7 +601,8 @@ fn auth_headers_reach_the_backend_and_never_the_output() {
     let (stdout, stderr, r) = run_child("headers", &json, &[(push::HEADERS_ENV, env_headers.as_str())]);
     assert_eq!(r["requests"], 4, "{r}");
     assert_eq!(r["carried_both"], 4, "every request carries both headers: {r}");
-    assert_eq!((r["delivered"].as_f64(), r["rejected"].as_f64()), (Some(2.0), Some(2.0)), "{r}");
+    // A 401 is not retried: dropped and counted as refused.
+    assert_eq!((r["delivered"].as_f64(), r["rejected"].as_f64(), r["refusals"].as_f64()), (Some(2.0), Some(2.0), Some(2.0)), "{r}");
     for secret in [SECRET_TOKEN, SECRET_ORG] {
         assert!(!stdout.contains(secret) && !stderr.contains(secret), "{secret} leaked:\n{stdout}\n{stderr}");
     }

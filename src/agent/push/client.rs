@@ -22,13 +22,57 @@ pub struct Request {
     pub content_encoding: Option<&'static str>,
 }
 
+/// What went wrong with one request, as `/metrics` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Connect or the whole exchange took longer than its timeout.
+    Timeout,
+    /// No connection: refused, reset, host not found, TLS.
+    Connect,
+    /// 5xx.
+    Server,
+    /// 408 or 429: the backend asks for less.
+    Throttled,
+    /// Another 4xx, or a redirect: the request itself is not taken.
+    Refused,
+    /// A 2xx whose answer says the data was not taken (OTLP partial success).
+    Partial,
+    /// The interval could not be turned into a request.
+    Encode,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 7] = [Kind::Timeout, Kind::Connect, Kind::Server, Kind::Throttled, Kind::Refused, Kind::Partial, Kind::Encode];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Timeout => "timeout",
+            Kind::Connect => "connect",
+            Kind::Server => "http_5xx",
+            Kind::Throttled => "http_throttled",
+            Kind::Refused => "http_refused",
+            Kind::Partial => "partial_success",
+            Kind::Encode => "encode",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
-pub enum Failure {
-    /// The backend is down, overloaded or slow: try again later (after
-    /// `after` if it said so).
-    Retry { reason: String, after: Option<Duration> },
-    /// The backend refused this request; sending it again would not help.
-    Reject { reason: String },
+pub struct Failure {
+    pub kind: Kind,
+    /// For the warning line: scrubbed of header values.
+    pub reason: String,
+    /// The backend is down, overloaded or slow: try again later. If not,
+    /// sending it again would not help.
+    pub retry: bool,
+    /// When the backend said to come back (`Retry-After` in seconds).
+    pub after: Option<Duration>,
+}
+
+impl Failure {
+    pub fn refused(kind: Kind, reason: String) -> Failure {
+        Failure { kind, reason, retry: false, after: None }
+    }
 }
 
 pub struct Endpoint {
@@ -92,7 +136,8 @@ impl Endpoint {
         url
     }
 
-    pub fn post(&self, request: &Request) -> Result<(), Failure> {
+    /// Sends one request; on success, the body of the answer.
+    pub fn post(&self, request: &Request) -> Result<Vec<u8>, Failure> {
         let mut builder = self.agent.post(self.url_for(request)).content_type(request.content_type);
         if let Some(encoding) = request.content_encoding {
             builder = builder.header("Content-Encoding", encoding);
@@ -109,7 +154,7 @@ impl Endpoint {
         // reused and a refusal can say why.
         let text = response.body_mut().with_config().limit(64 * 1024).read_to_vec().unwrap_or_default();
         if (200..300).contains(&status) {
-            return Ok(());
+            return Ok(text);
         }
         let after = response.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok()).map(Duration::from_secs);
         let mut reason = format!("HTTP {status}");
@@ -128,21 +173,28 @@ impl Endpoint {
         // 408, 429 and 5xx are the backend's trouble, the rest is the request's
         // (the OTLP/HTTP spec retries 429, 502, 503, 504; a plain 500 from
         // Pyroscope is as often an overloaded ingester).
-        if status == 408 || status == 429 || status >= 500 { Err(Failure::Retry { reason, after }) } else { Err(Failure::Reject { reason }) }
+        let kind = match status {
+            408 | 429 => Kind::Throttled,
+            500.. => Kind::Server,
+            _ => Kind::Refused,
+        };
+        Err(Failure { kind, reason, retry: kind != Kind::Refused, after })
     }
 
     fn transport_failure(&self, e: ureq::Error) -> Failure {
-        let reason = match &e {
-            ureq::Error::Timeout(_) => "timed out".to_string(),
-            ureq::Error::HostNotFound => "host not found".to_string(),
-            ureq::Error::ConnectionFailed => "connection failed".to_string(),
-            ureq::Error::Io(io) => io.to_string(),
-            other => other.to_string(),
+        let (kind, reason) = match &e {
+            ureq::Error::Timeout(_) => (Kind::Timeout, "timed out".to_string()),
+            ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => (Kind::Timeout, io.to_string()),
+            ureq::Error::HostNotFound => (Kind::Connect, "host not found".to_string()),
+            ureq::Error::ConnectionFailed => (Kind::Connect, "connection failed".to_string()),
+            ureq::Error::Io(io) => (Kind::Connect, io.to_string()),
+            other => (Kind::Connect, other.to_string()),
         };
         let reason = self.headers.scrub(&reason);
         match e {
-            ureq::Error::BadUri(_) | ureq::Error::Http(_) | ureq::Error::InvalidProxyUrl => Failure::Reject { reason },
-            _ => Failure::Retry { reason, after: None },
+            // Nothing a retry changes.
+            ureq::Error::BadUri(_) | ureq::Error::Http(_) | ureq::Error::InvalidProxyUrl => Failure::refused(Kind::Refused, reason),
+            _ => Failure { kind, reason, retry: true, after: None },
         }
     }
 }

@@ -59,6 +59,19 @@ impl Encode for Encoder {
         let body = gz.finish().map_err(|e| format!("cannot compress: {e}"))?;
         Ok(Request { query: Vec::new(), body, content_type: "application/x-protobuf", content_encoding: Some("gzip") })
     }
+
+    /// An `ExportProfilesServiceResponse` with `rejected_profiles` set: the
+    /// receiver took the request but dropped the profile, and says so only
+    /// there. (An answer that is not one, from a proxy, is not held against it.)
+    fn check_answer(&self, body: &[u8]) -> Result<(), String> {
+        match pb::ExportProfilesServiceResponse::decode(body) {
+            Ok(pb::ExportProfilesServiceResponse { partial_success: Some(p) }) if p.rejected_profiles > 0 => {
+                let message: String = p.error_message.chars().take(200).collect();
+                Err(format!("the receiver rejected {} profile(s): {message}", p.rejected_profiles))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Strings and attributes interned into the request's dictionary.
@@ -301,6 +314,22 @@ mod tests {
         assert_eq!((p.time_unix_nano, p.duration_nano), (1_700_000_000_000_000_000, 15_000_000_000));
         assert_eq!(p.profile_id.len(), 16);
         assert_eq!(p.period, 10_000_000);
+    }
+
+    #[test]
+    fn partial_success_with_rejections_is_a_refusal() {
+        let answer = |rejected, msg: &str| {
+            pb::ExportProfilesServiceResponse {
+                partial_success: Some(pb::ExportProfilesPartialSuccess { rejected_profiles: rejected, error_message: msg.into() }),
+            }
+            .encode_to_vec()
+        };
+        let e = Encoder::new();
+        assert_eq!(e.check_answer(&[]), Ok(()));
+        assert_eq!(e.check_answer(&answer(0, "")), Ok(()));
+        assert_eq!(e.check_answer(b"{\"json\": true}"), Ok(()));
+        let refused = e.check_answer(&answer(1, "profile too large")).unwrap_err();
+        assert!(refused.contains("rejected 1 profile(s): profile too large"), "{refused}");
     }
 
     #[test]

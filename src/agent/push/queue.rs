@@ -14,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::PushError;
-use super::client::{Endpoint, Failure, Request};
+use super::client::{Endpoint, Failure, Kind, Request};
 use crate::agent::export::{Exporter, Metric, MetricKind};
 use crate::agent::interval::Interval;
 use crate::profile::model::Profile;
@@ -24,6 +24,12 @@ use crate::profile::model::Profile;
 pub trait Encode: Send + 'static {
     /// An Err is an interval that can never be sent; it is dropped and counted.
     fn encode(&self, interval: &Interval) -> Result<Request, String>;
+
+    /// Reads a 2xx answer's body: an Err says the backend did not take
+    /// the data after all (it is dropped and counted, not retried).
+    fn check_answer(&self, _body: &[u8]) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -73,7 +79,8 @@ struct Counters {
     offered: AtomicU64,
     delivered: AtomicU64,
     dropped: [AtomicU64; 4],
-    failed_requests: AtomicU64,
+    /// By [`Kind`], in the order of `Kind::ALL`.
+    failed_requests: [AtomicU64; Kind::ALL.len()],
     high_water: AtomicU64,
 }
 
@@ -134,20 +141,20 @@ impl Shared {
     /// Starts a burst on the first failure after a success; later failures
     /// in the burst are only counted.
     fn failed(&self, state: &mut State, failure: &Failure) {
-        self.counters.failed_requests.fetch_add(1, Relaxed);
+        self.counters.failed_requests[failure.kind as usize].fetch_add(1, Relaxed);
         state.up = false;
         match &mut state.burst {
             Some(b) => b.failures += 1,
             None => {
                 state.burst = Some(Burst { since: Instant::now(), failures: 1, dropped_before: self.dropped_total() });
-                match failure {
-                    Failure::Retry { reason, .. } => self.warn(format_args!(
+                let reason = &failure.reason;
+                if failure.retry {
+                    self.warn(format_args!(
                         "failing ({reason}); retrying with backoff, keeping at most {} intervals queued (no more warnings until it recovers)",
                         self.limits.max_intervals
-                    )),
-                    Failure::Reject { reason } => {
-                        self.warn(format_args!("refused ({reason}); what it refuses is dropped (no more warnings until a push succeeds)"))
-                    }
+                    ));
+                } else {
+                    self.warn(format_args!("refused ({reason}); what it refuses is dropped (no more warnings until a push succeeds)"));
                 }
             }
         }
@@ -242,14 +249,18 @@ impl Exporter for Queued {
                 c.dropped[why as usize].load(Relaxed) as f64,
             ));
         }
-        out.extend([
-            metric(
+        for kind in Kind::ALL {
+            let mut labels = exporter();
+            labels.push(("kind".to_string(), kind.name().to_string()));
+            out.push(metric(
                 "pyprof_push_failed_requests_total",
-                "Push requests that failed (each retry counts).",
+                "Push requests that failed, by kind (each retry counts).",
                 MetricKind::Counter,
-                exporter(),
-                c.failed_requests.load(Relaxed) as f64,
-            ),
+                labels,
+                c.failed_requests[kind as usize].load(Relaxed) as f64,
+            ));
+        }
+        out.extend([
             metric("pyprof_push_queue_intervals", "Intervals waiting to be sent.", MetricKind::Gauge, exporter(), queued as f64),
             metric("pyprof_push_queue_bytes", "Estimated bytes of the intervals waiting.", MetricKind::Gauge, exporter(), bytes as f64),
             metric("pyprof_push_queue_high_water", "Most intervals ever waiting at once.", MetricKind::Gauge, exporter(), c.high_water.load(Relaxed) as f64),
@@ -318,8 +329,8 @@ fn send_loop<E: Encode>(s: &Shared, endpoint: &Endpoint, encoder: &E) {
         let encoded = encoder.encode(&item.interval);
         drop(item);
         let outcome = match encoded {
-            Err(reason) => Err((Loss::Rejected, Failure::Reject { reason })),
-            Ok(request) => send_with_retries(s, endpoint, &request, &mut backoff),
+            Err(reason) => Err((Loss::Rejected, Failure::refused(Kind::Encode, reason))),
+            Ok(request) => send_with_retries(s, endpoint, encoder, &request, &mut backoff),
         };
         let mut state = s.lock();
         match outcome {
@@ -328,7 +339,8 @@ fn send_loop<E: Encode>(s: &Shared, endpoint: &Endpoint, encoder: &E) {
                 backoff = limits.initial_backoff;
             }
             Err((why, failure)) => {
-                if matches!(failure, Failure::Reject { .. }) {
+                // Retried failures were counted as they happened.
+                if !failure.retry {
                     s.failed(&mut state, &failure);
                 }
                 s.count_drop(why, 1);
@@ -343,13 +355,15 @@ fn send_loop<E: Encode>(s: &Shared, endpoint: &Endpoint, encoder: &E) {
 /// Posts until delivered, refused, out of attempts or out of time. The
 /// backoff is kept across intervals: while the backend is down, the next
 /// interval does not start again at a one-second retry.
-fn send_with_retries(s: &Shared, endpoint: &Endpoint, request: &Request, backoff: &mut Duration) -> Result<(), (Loss, Failure)> {
+fn send_with_retries<E: Encode>(s: &Shared, endpoint: &Endpoint, encoder: &E, request: &Request, backoff: &mut Duration) -> Result<(), (Loss, Failure)> {
     let limits = &s.limits;
     let mut attempts = 0;
     loop {
         let failure = match endpoint.post(request) {
-            Ok(()) => return Ok(()),
-            Err(f @ Failure::Reject { .. }) => return Err((Loss::Rejected, f)),
+            Ok(answer) => {
+                return encoder.check_answer(&answer).map_err(|reason| (Loss::Rejected, Failure::refused(Kind::Partial, endpoint.headers.scrub(&reason))));
+            }
+            Err(f) if !f.retry => return Err((Loss::Rejected, f)),
             Err(f) => f,
         };
         attempts += 1;
@@ -358,9 +372,9 @@ fn send_with_retries(s: &Shared, endpoint: &Endpoint, request: &Request, backoff
         if attempts >= limits.max_attempts {
             return Err((Loss::Retries, failure));
         }
-        let wait = match &failure {
-            Failure::Retry { after: Some(after), .. } => (*after).min(limits.max_backoff),
-            _ => jittered(*backoff),
+        let wait = match failure.after {
+            Some(after) => after.min(limits.max_backoff),
+            None => jittered(*backoff),
         };
         *backoff = (*backoff * 2).min(limits.max_backoff);
         // Sleep, unless stopped or past the flush deadline.
