@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -82,6 +82,8 @@ struct Counters {
     /// By [`Kind`], in the order of `Kind::ALL`.
     failed_requests: [AtomicU64; Kind::ALL.len()],
     high_water: AtomicU64,
+    /// False while failing: `pyprof_push_up`.
+    down: AtomicBool,
 }
 
 struct Waiting {
@@ -98,12 +100,9 @@ struct State {
     deadline: Option<Instant>,
     /// No more sending: the exporter was flushed or dropped.
     stopping: bool,
-    /// When the current failure burst began, with its first reason's count.
-    burst: Option<Burst>,
-    /// False while failing: `pyprof_push_up`.
-    up: bool,
 }
 
+/// The sender's own: when the current run of failures began.
 struct Burst {
     since: Instant,
     failures: u64,
@@ -139,14 +138,17 @@ impl Shared {
     }
 
     /// Starts a burst on the first failure after a success; later failures
-    /// in the burst are only counted.
-    fn failed(&self, state: &mut State, failure: &Failure) {
+    /// in the burst are only counted. Never called with the lock held: a
+    /// stderr that blocks (a full pipe) must not block `offer`.
+    /// `started` is when the failed request was sent, with the drop count
+    /// then: a stalled backend's trouble began there, not at the timeout.
+    fn failed(&self, burst: &mut Option<Burst>, failure: &Failure, started: (Instant, u64)) {
         self.counters.failed_requests[failure.kind as usize].fetch_add(1, Relaxed);
-        state.up = false;
-        match &mut state.burst {
+        self.counters.down.store(true, Relaxed);
+        match burst {
             Some(b) => b.failures += 1,
             None => {
-                state.burst = Some(Burst { since: Instant::now(), failures: 1, dropped_before: self.dropped_total() });
+                *burst = Some(Burst { since: started.0, failures: 1, dropped_before: started.1 });
                 let reason = &failure.reason;
                 if failure.retry {
                     self.warn(format_args!(
@@ -160,10 +162,10 @@ impl Shared {
         }
     }
 
-    fn delivered(&self, state: &mut State) {
+    fn delivered(&self, burst: &mut Option<Burst>) {
         self.counters.delivered.fetch_add(1, Relaxed);
-        state.up = true;
-        if let Some(b) = state.burst.take() {
+        self.counters.down.store(false, Relaxed);
+        if let Some(b) = burst.take() {
             self.warn(format_args!(
                 "recovered after {} failed requests over {:.1} s; {} intervals dropped meanwhile",
                 b.failures,
@@ -185,7 +187,7 @@ impl Queued {
             name,
             shown: endpoint.shown.clone(),
             limits,
-            state: Mutex::new(State { up: true, ..State::default() }),
+            state: Mutex::new(State::default()),
             wake: Condvar::new(),
             counters: Counters::default(),
         });
@@ -228,10 +230,11 @@ impl Exporter for Queued {
     fn metrics(&self) -> Vec<Metric> {
         let s = &self.shared;
         let c = &s.counters;
-        let (queued, bytes, up) = {
+        let (queued, bytes) = {
             let state = s.lock();
-            (state.queue.len(), state.bytes, state.up)
+            (state.queue.len(), state.bytes)
         };
+        let up = !c.down.load(Relaxed);
         let exporter = || vec![("exporter".to_string(), s.name.to_string())];
         let metric = |name: &str, help, kind, labels, value: f64| Metric { name: name.to_string(), help, kind, labels, value };
         let mut out = vec![
@@ -311,6 +314,7 @@ impl std::ops::Drop for Queued {
 fn send_loop<E: Encode>(s: &Shared, endpoint: &Endpoint, encoder: &E) {
     let limits = &s.limits;
     let mut backoff = limits.initial_backoff;
+    let mut burst = None;
     loop {
         let item = {
             let mut state = s.lock();
@@ -330,24 +334,22 @@ fn send_loop<E: Encode>(s: &Shared, endpoint: &Endpoint, encoder: &E) {
         drop(item);
         let outcome = match encoded {
             Err(reason) => Err((Loss::Rejected, Failure::refused(Kind::Encode, reason))),
-            Ok(request) => send_with_retries(s, endpoint, encoder, &request, &mut backoff),
+            Ok(request) => send_with_retries(s, endpoint, encoder, &request, &mut backoff, &mut burst),
         };
-        let mut state = s.lock();
         match outcome {
             Ok(()) => {
-                s.delivered(&mut state);
+                s.delivered(&mut burst);
                 backoff = limits.initial_backoff;
             }
             Err((why, failure)) => {
                 // Retried failures were counted as they happened.
                 if !failure.retry {
-                    s.failed(&mut state, &failure);
+                    s.failed(&mut burst, &failure, (Instant::now(), s.dropped_total()));
                 }
                 s.count_drop(why, 1);
             }
         }
-        state.in_flight = false;
-        drop(state);
+        s.lock().in_flight = false;
         s.wake.notify_all();
     }
 }
@@ -355,10 +357,18 @@ fn send_loop<E: Encode>(s: &Shared, endpoint: &Endpoint, encoder: &E) {
 /// Posts until delivered, refused, out of attempts or out of time. The
 /// backoff is kept across intervals: while the backend is down, the next
 /// interval does not start again at a one-second retry.
-fn send_with_retries<E: Encode>(s: &Shared, endpoint: &Endpoint, encoder: &E, request: &Request, backoff: &mut Duration) -> Result<(), (Loss, Failure)> {
+fn send_with_retries<E: Encode>(
+    s: &Shared,
+    endpoint: &Endpoint,
+    encoder: &E,
+    request: &Request,
+    backoff: &mut Duration,
+    burst: &mut Option<Burst>,
+) -> Result<(), (Loss, Failure)> {
     let limits = &s.limits;
     let mut attempts = 0;
     loop {
+        let started = (Instant::now(), s.dropped_total());
         let failure = match endpoint.post(request) {
             Ok(answer) => {
                 return encoder.check_answer(&answer).map_err(|reason| (Loss::Rejected, Failure::refused(Kind::Partial, endpoint.headers.scrub(&reason))));
@@ -367,8 +377,7 @@ fn send_with_retries<E: Encode>(s: &Shared, endpoint: &Endpoint, encoder: &E, re
             Err(f) => f,
         };
         attempts += 1;
-        let mut state = s.lock();
-        s.failed(&mut state, &failure);
+        s.failed(burst, &failure, started);
         if attempts >= limits.max_attempts {
             return Err((Loss::Retries, failure));
         }
@@ -379,6 +388,7 @@ fn send_with_retries<E: Encode>(s: &Shared, endpoint: &Endpoint, encoder: &E, re
         *backoff = (*backoff * 2).min(limits.max_backoff);
         // Sleep, unless stopped or past the flush deadline.
         let until = Instant::now() + wait;
+        let mut state = s.lock();
         loop {
             if state.stopping {
                 return Err((Loss::Shutdown, failure));
