@@ -6,11 +6,15 @@
 //! - `queue`: the bounded queue, the sender thread, retries and the one
 //!   warning per failure burst; generic over what a request is.
 //! - `client`: one HTTP POST with timeouts, the answer sorted into
-//!   delivered / retry / rejected.
+//!   delivered / retry / refused, and each failure's kind.
 //! - `secret`: request headers that never reach a log line, and URLs shown
 //!   without credentials.
 //! - `pyroscope`, `otlp`: an [`Interval`](super::interval::Interval) as each
-//!   backend's request.
+//!   backend's request; `otlp_proto`: the OTLP profiles messages (prost).
+//!
+//! Memory: per exporter at most [`QueueLimits::max_intervals`] intervals and
+//! [`QueueLimits::max_bytes`] of profile data wait (256 and 64 MiB by
+//! default), plus the one being sent.
 
 mod client;
 pub mod otlp_proto;
