@@ -12,6 +12,8 @@
 #   - libc6-dbg (names for libc's internal functions in --native stacks)
 #   - numpy in a venv of pyenv 3.12 (a real C extension for --native tests)
 #   - maturin in a venv, to build the wheel (scripts/build-wheel.sh; tests/wheel.rs)
+#   - opentelemetry-proto in a venv, whose own classes read what the agent's
+#     --otlp pushes (tests/agent_push.rs)
 set -euo pipefail
 
 CACHE="${PYPROF_CACHE:-$HOME/.cache/pyprof}"
@@ -107,6 +109,20 @@ fi
 # 4c. maturin, pinned, for the wheel (the script owns the pin and the venv).
 "$(dirname "$0")/build-wheel.sh" --setup
 
+# 4d. opentelemetry-proto, pinned: 1.45.2 is generated from
+#     opentelemetry-proto v1.10.0, the profiles v1development messages that
+#     src/agent/push/otlp_proto.rs implements. The pin moves with that file.
+OTLP="$CACHE/otlp-venv"
+OTLP_PROTO=1.45.2
+if [ ! -x "$OTLP/bin/python" ] || [ "$("$OTLP/bin/python" -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))' 2>/dev/null)" != "$OTLP_PROTO" ]; then
+  py312="$(ls -d "$PYENV_ROOT"/versions/3.12.*/bin/python3.12 | head -n1)"
+  rm -rf "$OTLP"
+  "$py312" -m venv "$OTLP"
+  "$OTLP/bin/pip" install -q "opentelemetry-proto==$OTLP_PROTO"
+fi
+"$OTLP/bin/python" -c 'from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2' || {
+  log "opentelemetry-proto in $OTLP has no profiles v1development"; exit 1; }
+
 # 5. speedscope's file-format schema and ajv-cli to validate pyprof's
 #    speedscope output against it; pinned, in $CACHE/npm.
 NPM_DIR="$CACHE/npm"
@@ -125,4 +141,4 @@ fi
 [ -f "$NPM_DIR/node_modules/speedscope/dist/release/file-format-schema.json" ] && [ -x "$NPM_DIR/node_modules/.bin/ajv" ] || {
   log "speedscope schema or ajv-cli missing under $NPM_DIR"; exit 1; }
 
-log "ready: pyenv 3.8-3.13, /usr/bin/python3.11, $SID (3.13-3.15), $TOOLS/bin/{py-spy,austin}, $CACHE/maturin"
+log "ready: pyenv 3.8-3.13, /usr/bin/python3.11, $SID (3.13-3.15), $TOOLS/bin/{py-spy,austin}, $CACHE/maturin, $OTLP"

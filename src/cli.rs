@@ -413,8 +413,9 @@ pub struct AgentArgs {
     pub otlp: Option<String>,
 
     /// Header on every push, as 'Name: value' (authentication); repeatable.
-    /// Never printed. The variable holds one per line.
-    #[arg(long = "header", value_name = "NAME: VALUE", env = "PYPROF_AGENT_HEADERS", hide_env_values = true, value_delimiter = '\n')]
+    /// Never printed. PYPROF_PUSH_HEADERS may hold more, one per line, so a
+    /// token need not sit on the command line.
+    #[arg(long = "header", value_name = "NAME: VALUE")]
     pub headers: Vec<String>,
 }
 

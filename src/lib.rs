@@ -44,6 +44,9 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Report(args) => report::run(&args.into_config()?),
         Command::Top(args) => top::run(&args.into_config()?),
         // The push exporters (agent::push) are wired in here when they exist.
-        Command::Agent(args) => agent::run(&args.into_config()?, Vec::new()),
+        Command::Agent(args) => {
+            let cfg = args.into_config()?;
+            agent::run(&cfg, agent::push::exporters(&cfg.push)?)
+        }
     }
 }

@@ -27,6 +27,14 @@ fn interpreter(label: &str) -> Option<Interpreter> {
     found
 }
 
+/// The tests that measure rates and shares run one at a time: the budget's
+/// 16 spinning targets beside another test would measure the machine.
+static HEAVY: Mutex<()> = Mutex::new(());
+
+fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn go_available() -> bool {
     let ok = Command::new("go").arg("version").output().is_ok_and(|o| o.status.success());
     if !ok {
@@ -241,6 +249,7 @@ fn pid_set(pids: &[i32]) -> BTreeSet<i32> {
 /// process only; /metrics counts both.
 #[test]
 fn pull_is_read_by_go_tool_pprof_with_the_clock_split() {
+    let _serial = heavy();
     let (Some(host), Some(sid)) = (interpreter("pyenv-3.12"), interpreter("sid-3.15")) else { return };
     if !go_available() {
         return;
@@ -304,6 +313,7 @@ fn marker(tag: &str) -> String {
 /// no target left it keeps running; SIGTERM stops it with exit code 0.
 #[test]
 fn discovery_follows_processes_that_start_and_exit() {
+    let _serial = heavy();
     let (Some(host), Some(sid)) = (interpreter("pyenv-3.12"), interpreter("sid-3.14")) else { return };
     let mark = marker("discovery");
     let early = host.spawn("agent_work.py", &["alpha", &mark]);
@@ -369,6 +379,7 @@ fn cpu_of(pid: u32) -> f64 {
 /// the last seconds, as the kernel counts it, stays near the budget.
 #[test]
 fn the_cpu_budget_holds_on_sixteen_targets() {
+    let _serial = heavy();
     let Some(host) = interpreter("pyenv-3.12") else { return };
     let targets: Vec<TargetProcess> = (0..16).map(|_| host.spawn("agent_work.py", &["alpha"])).collect();
     let pids: Vec<String> = targets.iter().map(|t| t.pid().to_string()).collect();
@@ -429,14 +440,141 @@ fn bad_options_and_a_port_in_use_fail_in_one_line() {
     assert!(Path::new(pyprof_bin()).exists());
 }
 
-/// `--help` lists the environment variable but never its value.
+/// `--help` names the headers' environment variable but never its value.
 #[test]
 fn help_hides_the_header_variable() {
     let mut cmd = Command::new(pyprof_bin());
-    cmd.args(["agent", "--help"]).env("PYPROF_AGENT_HEADERS", "Authorization: Bearer hunter2");
+    cmd.args(["agent", "--help"]).env("PYPROF_PUSH_HEADERS", "Authorization: Bearer hunter2");
     let out = common::output_within(cmd, Duration::from_secs(30));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
-    assert!(text.contains("PYPROF_AGENT_HEADERS"), "{text}");
+    assert!(text.contains("PYPROF_PUSH_HEADERS"), "{text}");
     assert!(!text.contains("hunter2"), "{text}");
+}
+
+#[path = "common/receiver.rs"]
+mod receiver;
+
+/// A labelled metric row's value (0 when absent).
+fn labelled(rows: &[Row], name: &str, key: &str, val: &str) -> f64 {
+    rows.iter().filter(|r| r.name == name && r.labels.get(key).map(String::as_str) == Some(val)).map(|r| r.value).sum()
+}
+
+/// `--push` and `--otlp` end to end: each interval of a real workload
+/// reaches both backends with its labels; then the backend stalls past the
+/// client's timeout and answers 500s, and sampling goes on at its rate
+/// while the queue stays within its bound; once it answers again the
+/// backlog is delivered or counted as dropped, and nothing is lost unseen.
+#[test]
+fn push_reaches_both_backends_and_a_failing_one_never_slows_sampling() {
+    let _serial = heavy();
+    let Some(py) = interpreter("pyenv-3.12") else { return };
+    let work = spawn_argv(&py.label, &py.argv("agent_work.py", &["alpha"]));
+    let backend = receiver::Receiver::start();
+    let pid = work.pid().to_string();
+    let (push, otlp) = (backend.url(), format!("{}/v1development/profiles", backend.url()));
+    let agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--rate",
+        "200",
+        // Far above what it needs: the rate is the point here, not the budget.
+        "--max-cpu",
+        "50%",
+        "--interval",
+        "1s",
+        "--service",
+        "checkout",
+        "--label",
+        "env=test",
+        "--push",
+        &push,
+        "--otlp",
+        &otlp,
+        "--header",
+        "X-Scope-OrgID: tenant-7",
+    ]);
+
+    // Two intervals to each backend, labelled, with the workload in them.
+    let got = backend.wait_for(4, Duration::from_secs(20));
+    let ingest: Vec<_> = got.iter().filter(|r| r.path == "/ingest").collect();
+    let otlp_reqs: Vec<_> = got.iter().filter(|r| r.path == "/v1development/profiles").collect();
+    assert!(ingest.len() >= 2 && otlp_reqs.len() >= 2, "requests: {:?}; agent said {:?}", got.iter().map(|r| &r.path).collect::<Vec<_>>(), agent.stderr());
+    for r in ingest.iter().chain(&otlp_reqs) {
+        assert_eq!(r.method, "POST");
+        assert_eq!(r.header("X-Scope-OrgID"), Some("tenant-7"));
+    }
+    let name = ingest[0].query_value("name").unwrap_or("");
+    assert!(name.starts_with("checkout{") && name.contains("env=test") && name.contains(&format!("pid={pid}")), "name={name}");
+    // A pushed profile is one target's: its labels are in `name`, not on samples.
+    let p = decode(&ingest[1].body);
+    let mut funcs: BTreeMap<String, i64> = BTreeMap::new();
+    for sample in &p.sample {
+        let loc = p.location.iter().find(|l| l.id == sample.location_id[0]).unwrap();
+        let f = p.function.iter().find(|f| f.id == loc.line[0].function_id).unwrap();
+        *funcs.entry(p.string_table[f.name as usize].clone()).or_insert(0) += sample.value[0];
+    }
+    assert!(funcs.get("alpha_hot").copied().unwrap_or(0) > funcs.get("alpha_cold").copied().unwrap_or(0), "{funcs:?}");
+    let (from, until): (f64, f64) = (ingest[1].query_value("from").unwrap().parse().unwrap(), ingest[1].query_value("until").unwrap().parse().unwrap());
+    assert!(until - from >= 0.5 && until - from <= 3.0, "interval {from}..{until}");
+
+    // Ticks per second over `d`, from /metrics, and the rows at its end.
+    let tick_rate = |d: Duration| {
+        let (t0, ticks0) = (Instant::now(), value(&agent.metrics(), "pyprof_agent_ticks_total"));
+        std::thread::sleep(d);
+        let rows = agent.metrics();
+        ((value(&rows, "pyprof_agent_ticks_total") - ticks0) / t0.elapsed().as_secs_f64(), rows)
+    };
+    let (healthy, _) = tick_rate(Duration::from_secs(3));
+    // The backend stalls past the client's timeout, then answers 500s.
+    backend.stall_for(Duration::from_secs(10));
+    backend.answer(500);
+    std::thread::sleep(Duration::from_secs(2));
+    let (failing, rows) = tick_rate(Duration::from_secs(7));
+    eprintln!("ticks/s: {healthy:.0} with the backend answering, {failing:.0} while it stalled and failed");
+    assert!(
+        failing >= 0.8 * healthy && failing >= 140.0,
+        "{failing:.0} ticks/s while the backend failed, {healthy:.0} before (200 asked); agent said {:?}",
+        agent.stderr()
+    );
+    for exporter in ["pyroscope", "otlp"] {
+        let (queued, cap) =
+            (labelled(&rows, "pyprof_push_queue_intervals", "exporter", exporter), labelled(&rows, "pyprof_push_queue_capacity", "exporter", exporter));
+        assert!(cap > 0.0 && queued <= cap, "{exporter}: {queued} queued, capacity {cap}");
+    }
+
+    // Back: the backlog goes out, and every interval offered is accounted for.
+    backend.answer(200);
+    let end = Instant::now() + Duration::from_secs(40);
+    loop {
+        let rows = agent.metrics();
+        let settled = ["pyroscope", "otlp"].iter().all(|e| {
+            let offered = labelled(&rows, "pyprof_push_offered_total", "exporter", e);
+            let delivered = labelled(&rows, "pyprof_push_delivered_total", "exporter", e);
+            let dropped = labelled(&rows, "pyprof_push_dropped_total", "exporter", e);
+            let queued = labelled(&rows, "pyprof_push_queue_intervals", "exporter", e);
+            let failed = labelled(&rows, "pyprof_push_failed_requests_total", "exporter", e);
+            // In flight: offered, not yet delivered, dropped nor queued.
+            failed > 0.0
+                && offered > 0.0
+                && delivered + dropped + queued + 1.0 >= offered
+                && queued == 0.0
+                && labelled(&rows, "pyprof_push_up", "exporter", e) == 1.0
+        });
+        if settled {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "push never recovered: {:?}; agent said {:?}",
+            rows.iter().filter(|r| r.name.starts_with("pyprof_push")).map(|r| (&r.name, &r.labels, r.value)).collect::<Vec<_>>(),
+            agent.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // One warning when each backend started failing and one when it came back, not one per request.
+    let said = agent.stderr();
+    let warnings = said.iter().filter(|l| l.contains("warning")).count();
+    assert!((2..=4).contains(&warnings), "{warnings} warning lines: {said:?}");
+    assert!(!said.iter().any(|l| l.contains("tenant-7")), "a header value was printed: {said:?}");
 }

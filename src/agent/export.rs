@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::interval::Interval;
 
 /// Where `--push`, `--otlp` and `--header` go.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct PushOptions {
     /// Grafana Pyroscope base URL; profiles go to `{url}/ingest`.
     pub pyroscope: Option<String>,
@@ -15,6 +15,14 @@ pub struct PushOptions {
     pub otlp: Option<String>,
     /// Extra request headers (authentication): never printed.
     pub headers: Vec<(String, String)>,
+}
+
+/// Header values are credentials: only their names are shown.
+impl std::fmt::Debug for PushOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("PushOptions").field("pyroscope", &self.pyroscope).field("otlp", &self.otlp).field("header_names", &names).finish()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,6 +16,7 @@ pub mod interval;
 pub mod labels;
 pub mod metrics;
 pub mod pull;
+pub mod push;
 pub mod server;
 pub mod window;
 
