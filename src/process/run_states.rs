@@ -295,21 +295,7 @@ impl RunStates {
         let mut tids: Vec<i32> =
             std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()).unwrap_or_default();
         tids.sort_unstable();
-        let mut rs = RunStates {
-            pid,
-            cpus: online_cpus(),
-            rings: Vec::new(),
-            events: HashMap::new(),
-            seen: HashMap::new(),
-            lost: false,
-            no_more: false,
-            stats: RunStatesStats::default(),
-            scratch: Vec::new(),
-            pending: Vec::new(),
-            recheck: Vec::new(),
-            proc_files: Default::default(),
-            states: true,
-        };
+        let mut rs = RunStates { states: true, ..RunStates::holders(pid) };
         let mut first_err = None;
         for &tid in &tids {
             match rs.follow(tid) {
