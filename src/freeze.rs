@@ -410,7 +410,7 @@ impl Freezer {
             }
             let mut steps = Steps::default();
             while ok && steps.step_half_done(&mut stopped, &threads) {
-                python.recycle(threads);
+                python.discard(threads);
                 threads = python.stacks(src, needs, Check { frozen: true, fixed: &self.fixed, quiet })?;
                 ok = python.fixed_held();
             }
@@ -456,7 +456,7 @@ impl Freezer {
                 self.solo = python.thread_ids().len() == 1 && self.gils.len() == 1 && self.gils[0].held() && !gils_read;
                 return Ok(threads);
             }
-            python.recycle(std::mem::take(&mut threads));
+            python.discard(std::mem::take(&mut threads));
             self.stats.moved += u64::from(round == 0 && !ran);
             if !gils_read {
                 self.read_gils(a, python)?;

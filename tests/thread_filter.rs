@@ -85,6 +85,51 @@ fn set(threads: &[(&str, i64)]) -> BTreeSet<(String, i64)> {
 /// not known before the first snapshot has read it: such a thread is walked,
 /// then judged); `--main-thread` gives the main thread alone; a name no
 /// thread has gives an empty profile and a warning, not an error.
+/// The same selection while the main thread shares a CPU with a spinner and
+/// pyprof runs on the other: most ticks read the main thread where it waits
+/// for the CPU, and now and then it gets the CPU during the read, which is
+/// then done again with it stopped. A read done again must not take the
+/// names of the one it replaces: a thread left out was once recorded under
+/// a selected thread's name that way.
+#[test]
+fn a_read_done_again_keeps_each_threads_own_name() {
+    let _serial = heavy();
+    for_each_interpreter(|py| {
+        let pin = |cpu: &str, argv: Vec<String>| -> Vec<String> { ["taskset", "-c", cpu].iter().map(|s| s.to_string()).chain(argv).collect() };
+        let spinner = spawn_argv(&py.label, &pin("0", vec!["sh".into(), "-c".into(), "echo ready; while :; do :; done".into()]));
+        let target = spawn_argv(&py.label, &pin("0", py.argv("stacks.py", &[])));
+        let report: Value = serde_json::from_str(&target.first_line).unwrap();
+        let dir = temp_dir("thread-filter-again");
+        let out_path = dir.join("p.json");
+        let (pid, blocked) = (target.pid().to_string(), tid_of(&report, "blocked").to_string());
+        let argv = pin("1", vec![pyprof_bin().to_string()]);
+        let mut cmd = std::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..]).args([
+            "record",
+            "--pid",
+            &pid,
+            "-r",
+            "1000",
+            "-d",
+            "1.5",
+            "-o",
+            out_path.to_str().unwrap(),
+            "--thread",
+            "sl*",
+            "--thread",
+            &blocked,
+        ]);
+        let o = output_within(cmd, std::time::Duration::from_secs(60));
+        drop(spinner);
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{}: {stderr}", py.label);
+        let p = pyprof::output::json::read(&std::fs::read(&out_path).unwrap()).unwrap();
+        assert!(p.meta.sampling.off_cpu > 0, "{}: no read without a stop: {stderr}", py.label);
+        let want = set(&[("sleeper", tid_of(&report, "sleeper")), ("blocked", tid_of(&report, "blocked"))]);
+        assert_eq!(sampled_threads(&p), want, "{}: {stderr}", py.label);
+    });
+}
+
 #[test]
 fn record_samples_only_the_selected_threads() {
     let _serial = heavy();

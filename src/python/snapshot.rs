@@ -529,6 +529,18 @@ impl Snapshotter {
         }
     }
 
+    /// Hand back stacks read by [`Self::stacks`] but never finished, for a
+    /// read that is done again (the GIL changed hands, the holder ran, a
+    /// held thread is stepped): their memory is reused, but nothing is
+    /// carried over from them. A slot walked there holds its thread's ids
+    /// with another thread's name, which [`Self::finish`] never replaced,
+    /// and the next read would take it for a stack already named (under
+    /// `--thread`, a thread left out was recorded under a chosen one's name).
+    pub fn discard(&mut self, threads: Vec<ThreadStack>) {
+        self.recycle(threads);
+        self.spare_is_last = false;
+    }
+
     /// Whether stacks may be carried over from the last snapshot at all:
     /// only plain stacks of one interpreter, handed back in order. Task
     /// stacks, C stacks and exception states are read with every sample.
