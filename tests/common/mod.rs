@@ -138,11 +138,23 @@ impl Interpreter {
         if let Some(root) = &self.chroot {
             let dest = root.join("tmp/pyprof-test-scripts");
             std::fs::create_dir_all(&dest).unwrap();
+            // Tests run two at a time, and a copy truncates before it
+            // writes: a target started meanwhile ran an empty script and
+            // exited without a word. So a script is only replaced when it
+            // differs, and then whole, by a rename.
             for e in std::fs::read_dir(scripts_dir()).unwrap() {
                 let p = e.unwrap().path();
-                if p.is_file() {
-                    std::fs::copy(&p, dest.join(p.file_name().unwrap())).unwrap();
+                if !p.is_file() {
+                    continue;
                 }
+                let to = dest.join(p.file_name().unwrap());
+                let want = std::fs::read(&p).unwrap();
+                if std::fs::read(&to).is_ok_and(|have| have == want) {
+                    continue;
+                }
+                let tmp = dest.join(format!(".{}.{}.{:?}", p.file_name().unwrap().to_string_lossy(), std::process::id(), std::thread::current().id()));
+                std::fs::write(&tmp, &want).unwrap();
+                std::fs::rename(&tmp, &to).unwrap();
             }
         }
     }
