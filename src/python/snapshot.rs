@@ -208,6 +208,9 @@ pub struct Snapshotter {
     carried: Vec<bool>,
     /// [`NameCache::generation`] when the last names were looked up.
     names_seen: u64,
+    /// Stacks came back through [`Self::discard`] since names were last
+    /// given: no stack's name may be taken as its own.
+    names_unfinished: bool,
 }
 
 impl Snapshotter {
@@ -488,8 +491,9 @@ impl Snapshotter {
         let pid = src.target.map(|t| t.pid);
         // A stack carried over keeps its thread's name while no name was read
         // since: 1,000 lookups a sample were a tenth of the profiler's time.
-        let names_stand = self.py_names.generation() == self.names_seen;
+        let names_stand = self.py_names.generation() == self.names_seen && !self.names_unfinished;
         self.names_seen = self.py_names.generation();
+        self.names_unfinished = false;
         // `threads[i]` was walked from `self.states[self.walked[i]]`.
         let cpu_only = needs.on_cpu && needs.stop_running_only;
         for (i, (t, &si)) in threads.iter_mut().zip(&self.walked).enumerate() {
@@ -531,14 +535,17 @@ impl Snapshotter {
 
     /// Hand back stacks read by [`Self::stacks`] but never finished, for a
     /// read that is done again (the GIL changed hands, the holder ran, a
-    /// held thread is stepped): their memory is reused, but nothing is
-    /// carried over from them. A slot walked there holds its thread's ids
-    /// with another thread's name, which [`Self::finish`] never replaced,
-    /// and the next read would take it for a stack already named (under
-    /// `--thread`, a thread left out was recorded under a chosen one's name).
+    /// held thread is stepped). Their frames may be carried over as any
+    /// walk's are (the re-read proves its own quiet), but not their names:
+    /// a slot walked there holds its thread's ids with the name of the
+    /// slot's previous occupant, which [`Self::finish`] never replaced, and
+    /// taken for a stack already named it recorded, under `--thread`, a
+    /// thread left out under a chosen one's name. Carrying nothing over
+    /// instead cost a 1,000-thread target a full walk (10 ms) at each
+    /// re-read, a few times a second, and each made ten ticks late.
     pub fn discard(&mut self, threads: Vec<ThreadStack>) {
         self.recycle(threads);
-        self.spare_is_last = false;
+        self.names_unfinished = true;
     }
 
     /// Whether stacks may be carried over from the last snapshot at all:
