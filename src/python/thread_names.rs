@@ -25,23 +25,33 @@ use crate::python::threads::MAX_THREADS;
 /// Ident → `Thread._name` for every thread in `threading._active` of the
 /// interpreter at `interp`. Empty when the program never imported threading.
 pub fn thread_names(mem: &dyn RemoteMemory, o: &Offsets, interp: u64) -> Result<HashMap<u64, String>> {
-    let mut r =
-        ObjectReader::new(mem, o).ok_or_else(|| Error::BadOffsets { version: o.version.to_string(), why: "no thread-name offsets for this version".into() })?;
-    let Some(active) = r.module_attr(interp, "threading", "_active")? else { return Ok(HashMap::default()) };
+    let mut r = reader(mem, o)?;
+    let items = active_threads(&mut r, interp)?;
+    let mut out = HashMap::with_capacity_and_hasher(items.len(), Default::default());
+    out.extend(items.into_iter().filter_map(|(key, thread)| name_of(&mut r, key, thread)));
+    Ok(out)
+}
+
+fn reader<'a>(mem: &'a dyn RemoteMemory, o: &'a Offsets) -> Result<ObjectReader<'a>> {
+    ObjectReader::new(mem, o).ok_or_else(|| Error::BadOffsets { version: o.version.to_string(), why: "no thread-name offsets for this version".into() })
+}
+
+/// (ident object, `Thread`) of every entry of `threading._active`.
+fn active_threads(r: &mut ObjectReader, interp: u64) -> Result<Vec<(u64, u64)>> {
+    let Some(active) = r.module_attr(interp, "threading", "_active")? else { return Ok(Vec::new()) };
     let items = r.dict_items(active)?;
     if items.len() > MAX_THREADS {
         return Err(Error::Corrupt(format!("threading._active holds {} threads", items.len())));
     }
-    let mut out = HashMap::with_capacity_and_hasher(items.len(), Default::default());
-    for (key, thread) in items {
-        // One unreadable Thread (torn down under us, or not a Thread at all)
-        // leaves that thread unnamed, not the others.
-        let Ok(Some(ident)) = r.int_value(key) else { continue };
-        if let Ok(Some(name)) = r.attr_str(thread, "_name") {
-            out.insert(ident, name);
-        }
-    }
-    Ok(out)
+    Ok(items)
+}
+
+/// One entry's (ident, name). One unreadable Thread (torn down under us,
+/// or not a Thread at all) leaves that thread unnamed, not the others.
+fn name_of(r: &mut ObjectReader, key: u64, thread: u64) -> Option<(u64, String)> {
+    let ident = r.int_value(key).ok()??;
+    let name = r.attr_str(thread, "_name").ok()??;
+    Some((ident, name))
 }
 
 /// Re-read names this often per interpreter.
@@ -51,11 +61,30 @@ pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
 /// cannot make every sample pay for names.
 pub const MIN_REFRESH: Duration = Duration::from_millis(50);
 
+/// Threads whose names one call reads at most, once an interpreter's
+/// first read is done: a whole re-read of 1,000 threads took 5 ms, once a
+/// second, and the ticks after it were late. A re-read is spread over
+/// calls; the names read last stand until it completes.
+pub const NAMES_PER_CALL: usize = 32;
+
 struct InterpNames {
     names: HashMap<u64, String>,
     /// Idents of this interpreter's threads at the last read.
     known: HashSet<u64>,
     read_at: Instant,
+    /// A re-read under way.
+    pending: Option<Pending>,
+}
+
+struct Pending {
+    /// `threading._active`'s entries when the re-read began, and how many
+    /// are done.
+    items: Vec<(u64, u64)>,
+    done: usize,
+    names: HashMap<u64, String>,
+    /// The thread list's idents when it began: a thread started since is
+    /// unknown to it, and makes the next re-read due early.
+    known: HashSet<u64>,
 }
 
 /// Python thread names per interpreter, refreshed on a schedule. Best effort:
@@ -71,7 +100,8 @@ pub struct NameCache {
 impl NameCache {
     /// Re-read the names of every interpreter among `threads` (interpreter,
     /// ident) that is due: never read, read more than [`REFRESH_EVERY`] ago,
-    /// or showing an ident unknown at the last read.
+    /// or showing an ident unknown at the last read. Only a first read is
+    /// done whole; a re-read goes on for [`NAMES_PER_CALL`] threads a call.
     /// `same_threads`: the thread list is the one of the last call (then no
     /// thread can be new, and only age makes a read due).
     pub fn refresh(&mut self, mem: &dyn RemoteMemory, o: &Offsets, threads: impl Iterator<Item = (u64, u64)> + Clone, same_threads: bool) {
@@ -87,24 +117,50 @@ impl NameCache {
         self.interps.retain(|i, _| interps.binary_search(i).is_ok());
         for &interp in &interps {
             let idents = || threads.clone().filter(move |&(i, _)| i == interp).map(|(_, ident)| ident);
-            let due = match self.interps.get(&interp) {
-                None => true,
-                Some(e) => {
-                    let age = now.saturating_duration_since(e.read_at);
-                    age >= REFRESH_EVERY || (age >= MIN_REFRESH && !same_threads && idents().any(|i| !e.known.contains(&i)))
-                }
-            };
-            if !due {
+            let Some(e) = self.interps.get_mut(&interp) else {
+                // The first read is whole: until it, every thread would go
+                // by its kernel name.
+                let names = thread_names(mem, o, interp).unwrap_or_default();
+                self.interps.insert(interp, InterpNames { names, known: idents().collect(), read_at: now, pending: None });
+                self.generation += 1;
                 continue;
+            };
+            if e.pending.is_none() {
+                let age = now.saturating_duration_since(e.read_at);
+                let due = age >= REFRESH_EVERY || (age >= MIN_REFRESH && !same_threads && idents().any(|i| !e.known.contains(&i)));
+                if !due {
+                    continue;
+                }
+                let Ok(mut r) = reader(mem, o) else { return };
+                match active_threads(&mut r, interp) {
+                    Ok(items) => {
+                        let names = HashMap::with_capacity_and_hasher(items.len(), Default::default());
+                        e.pending = Some(Pending { items, done: 0, names, known: idents().collect() });
+                    }
+                    Err(_) => {
+                        // Keep the names read last; try again in a while.
+                        e.known = idents().collect();
+                        e.read_at = now;
+                        continue;
+                    }
+                }
             }
-            self.generation += 1;
-            let read = thread_names(mem, o, interp);
-            let e = self.interps.entry(interp).or_insert_with(|| InterpNames { names: HashMap::default(), known: HashSet::default(), read_at: now });
-            if let Ok(names) = read {
-                e.names = names;
+            let Some(p) = e.pending.as_mut() else { continue };
+            let Ok(mut r) = reader(mem, o) else { return };
+            let end = (p.done + NAMES_PER_CALL).min(p.items.len());
+            for &(key, thread) in &p.items[p.done..end] {
+                if let Some((ident, name)) = name_of(&mut r, key, thread) {
+                    p.names.insert(ident, name);
+                }
             }
-            e.known = idents().collect();
-            e.read_at = now;
+            p.done = end;
+            if p.done == p.items.len() {
+                let p = e.pending.take().expect("checked above");
+                e.names = p.names;
+                e.known = p.known;
+                e.read_at = now;
+                self.generation += 1;
+            }
         }
         self.scratch = interps;
     }
@@ -540,5 +596,39 @@ mod tests {
         }
         assert_eq!(cache.get(interp, 0x1234_5000), None);
         assert_eq!(cache.get(interp, idents[0]), Some("MainThread"));
+    }
+
+    /// The first read is whole; a re-read of many threads is spread over
+    /// calls of [`NAMES_PER_CALL`] threads each, and the names read before
+    /// stand, unchanged in generation, until it completes.
+    #[test]
+    fn a_re_read_of_many_threads_is_spread_over_calls() {
+        let o = offsets_for_tests(12);
+        let owned: Vec<String> = (0..100).map(|i| format!("pool-{i}")).collect();
+        let names: Vec<&str> = owned.iter().map(String::as_str).collect();
+        let (heap, interp, idents) = build(&o, &names, false);
+        let mem = Counting(&heap, Default::default());
+        let mut states: Vec<(u64, u64)> = idents.iter().map(|&i| (interp, i)).collect();
+        let mut cache = NameCache::default();
+        cache.refresh(&mem, &o, states.iter().copied(), false);
+        let whole = mem.1.get();
+        assert!(idents.iter().zip(&names).all(|(&i, &n)| cache.get(interp, i) == Some(n)));
+        // A thread the names do not know makes a re-read due.
+        states.push((interp, 0x1234_5000));
+        std::thread::sleep(MIN_REFRESH);
+        let generation = cache.generation();
+        let calls = names.len().div_ceil(NAMES_PER_CALL);
+        for call in 1..=calls {
+            let before = mem.1.get();
+            cache.refresh(&mem, &o, states.iter().copied(), false);
+            let reads = mem.1.get() - before;
+            assert!(reads > 0 && reads < whole / 2, "call {call}: {reads} reads, a whole read took {whole}");
+            let done = call == calls;
+            assert_eq!(cache.generation() != generation, done, "call {call} of {calls}");
+            assert_eq!(cache.get(interp, idents[99]), Some("pool-99"), "call {call}: the names read before stand");
+        }
+        let before = mem.1.get();
+        cache.refresh(&mem, &o, states.iter().copied(), false);
+        assert_eq!(mem.1.get(), before, "nothing due once the re-read is done");
     }
 }
