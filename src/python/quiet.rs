@@ -16,22 +16,36 @@
 //! state removed from the middle is not. So each quiet snapshot, before its
 //! stop, compares a window of the list with what it was, word by word
 //! ([`list_unchanged`]); a removal changes its neighbours' links, so the
-//! windows, going round, see it within [`CYCLE`] snapshots. A snapshot
-//! carries nothing over if the last full round is older than
-//! [`MAX_UNCHECKED`] snapshots.
+//! windows, going round, see it within a [`ROUND`]. A snapshot carries
+//! nothing over if the last full round is older than [`MAX_UNCHECKED`].
+//!
+//! The round is counted in time, not in snapshots: at 1 kHz over 1,000
+//! threads a round of 64 snapshots compared 16 states (and, on 3.11-3.12,
+//! their 16 `_PyCFrame`s) a tick, pages of their own each: a third of
+//! `--mode gil`'s cost there. What the windows guard against is rare (an
+//! embedder deleting another thread's state) and the stack it would keep
+//! showing is that of a thread no longer running Python, usually empty.
+
+use std::time::Duration;
 
 use crate::offsets::Offsets;
 use crate::process::memory::{RemoteMemory, field_u32, field_u64};
 use crate::python::threads::ThreadState;
 
-/// Quiet snapshots per round of windows over the whole list: 1,000 states
-/// compared at once took a millisecond, which made every such tick late at
-/// 1 kHz; 1/64th of them take a sixty-fourth.
-pub const CYCLE: usize = 64;
+/// How long a round of windows over the whole list takes at most: each
+/// window is sized by the time since the last one.
+pub const ROUND: Duration = Duration::from_millis(200);
 /// Windows of fewer states than this are not worth their own call.
-pub const MIN_WINDOW: usize = 16;
-/// Quiet snapshots at most since a round of windows last completed.
-pub const MAX_UNCHECKED: u32 = 2 * CYCLE as u32;
+pub const MIN_WINDOW: usize = 4;
+/// How old the last complete round may be for stacks to be carried over.
+pub const MAX_UNCHECKED: Duration = Duration::from_millis(2 * ROUND.as_millis() as u64);
+
+/// How many of `n` states the next window compares, `since` the last one:
+/// enough to go round in [`ROUND`].
+pub fn window_size(n: usize, since: Duration) -> usize {
+    let share = (n as u128 * since.as_nanos()).div_ceil(ROUND.as_nanos());
+    (share.min(n as u128) as usize).max(MIN_WINDOW).min(n)
+}
 
 /// Whether `states[window]`, of the single interpreter's thread list, are
 /// still linked in that order, each with the same identity and the same
@@ -101,4 +115,31 @@ pub fn list_unchanged(
         return false;
     }
     held.iter().enumerate().all(|(i, t)| field_u64(buf, 8 * i) == t.frame)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_go_round_the_list_in_a_round_at_any_rate() {
+        let ms = Duration::from_millis;
+        // 1,000 threads at 1 kHz: 5 a tick, 200 ticks a round.
+        assert_eq!(window_size(1000, ms(1)), 5);
+        // Slower ticks compare more a tick; never past the list.
+        assert_eq!(window_size(1000, ms(10)), 50);
+        assert_eq!(window_size(1000, ms(500)), 1000);
+        // Fast ticks, or the first (nothing before it), take the least.
+        assert_eq!(window_size(1000, Duration::from_micros(20)), MIN_WINDOW);
+        assert_eq!(window_size(1000, Duration::ZERO), MIN_WINDOW);
+        assert_eq!(window_size(3, Duration::ZERO), 3);
+        for (n, tick) in [(1000, ms(1)), (300, Duration::from_micros(100)), (7, ms(3))] {
+            let (mut at, mut took) = (0, Duration::ZERO);
+            while at < n {
+                at += window_size(n, tick);
+                took += tick;
+            }
+            assert!(took <= ROUND, "{n} states at {tick:?}: a round took {took:?}");
+        }
+    }
 }

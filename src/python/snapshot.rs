@@ -6,6 +6,7 @@
 //! `/proc` entries) come from an optional [`Target`].
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use crate::attach::{CodeCounter, Interpreter};
 use crate::error::Result;
@@ -197,9 +198,11 @@ pub struct Snapshotter {
     spare_is_last: bool,
     /// The buffer of the last walk's output, to know it when it comes back.
     last_out: usize,
-    /// Quiet snapshots since the whole thread list was last read or
-    /// compared, and where the next window to compare starts.
-    quiet_ticks: u32,
+    /// When the whole thread list was last read or compared, when the last
+    /// window was, and where the next window starts.
+    list_checked: Option<Instant>,
+    window_at: Option<Instant>,
+    round_began: Option<Instant>,
     list_cursor: usize,
     /// Scratch for [`quiet::list_unchanged`].
     list_buf: Vec<u8>,
@@ -388,15 +391,22 @@ impl Snapshotter {
     /// False: it changed, and the next snapshot reads it whole.
     pub fn check_list(&mut self, src: Source, moving: u64) -> bool {
         let n = self.states.len();
-        let size = n.div_ceil(quiet::CYCLE).max(quiet::MIN_WINDOW).min(n);
+        let now = Instant::now();
+        let since = self.window_at.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        self.window_at = Some(now);
+        let size = quiet::window_size(n, since);
         let start = if self.list_cursor >= n { 0 } else { self.list_cursor };
         let window = start..(start + size).min(n);
         let same = quiet::list_unchanged(src.mem, &src.interp.offsets, src.interp.runtime, &self.states, window.clone(), moving, &mut self.list_buf);
         if same {
             self.list_cursor = window.end;
+            if window.start == 0 {
+                self.round_began = Some(now);
+            }
             if window.end == n {
-                // A round complete: the whole list is as it was.
-                self.quiet_ticks = 0;
+                // A round complete: the whole list is as it was, as of the
+                // round's oldest window.
+                self.list_checked = self.round_began;
             }
         } else {
             self.spare_is_last = false;
@@ -575,16 +585,17 @@ impl Snapshotter {
         let carry = match moving {
             // The caller compares the list a window at a time (see
             // [`Self::check_list`]); a whole round must be recent.
-            Some(h) => self.quiet_ticks < quiet::MAX_UNCHECKED && refresh_moving(&mut self.states, &mut self.ts_buf, mem, o, h),
+            Some(h) => {
+                self.list_checked.is_some_and(|t| t.elapsed() < quiet::MAX_UNCHECKED) && refresh_moving(&mut self.states, &mut self.ts_buf, mem, o, h)
+            }
             None => false,
         };
         self.carried_last = carry;
         if carry {
-            self.quiet_ticks += 1;
             self.walk_stats.carried_ticks += 1;
         } else {
             self.threads.read(mem, o, interp.runtime, &mut self.states, &mut self.ts_buf)?;
-            self.quiet_ticks = 0;
+            self.list_checked = Some(Instant::now());
             self.list_cursor = 0;
         }
         let moving = moving.filter(|_| carry);
