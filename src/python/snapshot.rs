@@ -6,7 +6,7 @@
 //! `/proc` entries) come from an optional [`Target`].
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::attach::{CodeCounter, Interpreter};
 use crate::error::Result;
@@ -392,7 +392,10 @@ impl Snapshotter {
     pub fn check_list(&mut self, src: Source, moving: u64) -> bool {
         let n = self.states.len();
         let now = Instant::now();
-        let since = self.window_at.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        let since = self.window_at.map_or(quiet::WINDOW_GAP, |t| now.saturating_duration_since(t));
+        if since < quiet::WINDOW_GAP {
+            return true;
+        }
         self.window_at = Some(now);
         let size = quiet::window_size(n, since);
         let start = if self.list_cursor >= n { 0 } else { self.list_cursor };
@@ -620,8 +623,14 @@ impl Snapshotter {
         let gc_flag = o.gc.filter(|_| self.extras.gc);
         if needs.holders_only && needs.gil {
             // Known before any frame is read, so only the holders are walked.
-            for si in 0..self.states.len() {
-                holder_of(&mut self.holders, mem, interp, self.states[si].interp, needs, gc_flag)?;
+            // Once per interpreter, not per thread: the list is in
+            // interpreter order, and a 1,000-thread target has one.
+            let mut last = None;
+            for ts in &self.states {
+                if last != Some(ts.interp) {
+                    holder_of(&mut self.holders, mem, interp, ts.interp, needs, gc_flag)?;
+                    last = Some(ts.interp);
+                }
             }
         }
         for ts in self.states.iter().filter(|_| moving.is_none()) {
@@ -769,7 +778,7 @@ impl Snapshotter {
         self.last_out = out.as_ptr() as usize;
         self.spare_is_last = false;
         // Each interpreter's counter, read last in the next sample's call.
-        self.prefetch.set_tail(self.states.iter().filter_map(|t| interp.code_counter(t.interp)).map(CodeCounter::addr));
+        self.prefetch.set_tail(self.interps.iter().filter_map(|&i| interp.code_counter(i)).map(CodeCounter::addr));
         Ok(out)
     }
 }
