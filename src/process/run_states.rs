@@ -35,7 +35,8 @@
 //! thread may switch between the poll and the question. Lost records (a
 //! full ring) make the tracker re-read every thread from `/proc` once.
 
-use std::collections::HashMap;
+// Asked for every thread at every tick in `--mode cpu`: a cheap hash, not SipHash.
+use rustc_hash::FxHashMap as HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -325,8 +326,8 @@ impl RunStates {
             pid,
             cpus: online_cpus(),
             rings: Vec::new(),
-            events: HashMap::new(),
-            seen: HashMap::new(),
+            events: HashMap::default(),
+            seen: HashMap::default(),
             lost: false,
             no_more: false,
             stats: RunStatesStats::default(),
