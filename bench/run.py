@@ -961,6 +961,7 @@ def accuracy_scenario(py, profs, rates, secs, tmp, private_proc):
 # questions are whether every tick comes, whether it holds every thread, and
 # what the profiler pays for it.
 
+SCALE_SETTLE = 1.0   # seconds into a scale run before its steady CPU is measured (attach and first reads left out)
 SCALE_CAP = 3.0   # a run gets SCALE_CAP x its duration, then SIGINT ("fell behind"), then SIGKILL 5 s later
 
 
@@ -1058,10 +1059,15 @@ def scale_run(prof, target, rate, secs, out, subprocesses=False):
     logf.pump(p.stdout)
     cap, fell_behind = t0 + SCALE_CAP * secs, False
     hwm = None
+    marks = []   # (monotonic, profiler CPU s) from SCALE_SETTLE on: the steady cost, start-up left out
     while True:
         pid, st, ru = os.wait4(p.pid, os.WNOHANG)
         if pid:
             break
+        if time.monotonic() >= t0 + SCALE_SETTLE:
+            c = proc_cpu(p.pid)
+            if c is not None:
+                marks.append((time.monotonic(), c))
         # Peak RSS: VmHWM as last read (every 50 ms) before the exit. Not wait4's
         # ru_maxrss: that keeps the high-water mark of the forked run.py from
         # before exec (about 20 MB) for every child.
@@ -1083,8 +1089,12 @@ def scale_run(prof, target, rate, secs, out, subprocesses=False):
     # py-spy keeps sampling until it has rate x secs samples however late, so its
     # wall time is from its "Sampling process" line to its exit, as in the matrix.
     start = logf.first("Sampling process") if prof.tool == "py-spy" else None
+    # The last mark is dropped: it may fall after the profiler stopped sampling.
+    steady = None
+    if len(marks) >= 3 and marks[-2][0] > marks[0][0]:
+        steady = (marks[-2][1] - marks[0][1]) / (marks[-2][0] - marks[0][0])
     return {"log": text, "rc": os.waitstatus_to_exitcode(st), "wall": t_exit - t0, "cpu": ru.ru_utime + ru.ru_stime,
-            "maxrss_kb": hwm, "fell_behind": fell_behind,
+            "steady_cpu_per_s": steady, "maxrss_kb": hwm, "fell_behind": fell_behind,
             "sampling_secs": (t_exit - start) if start else None}
 
 
@@ -1126,6 +1136,8 @@ def thread_row(prof, py, n, rate, secs, target, tmp, seq):
         row["all_threads_cover_pct"] = 100.0 * samples / (n * ticks)
     if ticks:
         row["cpu_us_per_tick"] = run["cpu"] * 1e6 / ticks
+        if run["steady_cpu_per_s"] is not None and seconds:
+            row["steady_cpu_us_per_tick"] = run["steady_cpu_per_s"] * 1e6 / (ticks / seconds)
     if samples:
         row["cpu_us_per_thread_sample"] = run["cpu"] * 1e6 / samples
     if notes:
@@ -1256,11 +1268,12 @@ def scale(args, tmp):
             finally:
                 target.stop()
     # CPU per tick against the one-thread target, same profiler, python and rate
-    ref = {(r["profiler"], r["python"], r["rate"]): r.get("cpu_us_per_tick") for r in rows if r.get("threads") == 1}
-    for r in rows:
-        base = ref.get((r["profiler"], r["python"], r.get("rate")))
-        if base and r.get("cpu_us_per_tick"):
-            r["cpu_vs_1_thread"] = r["cpu_us_per_tick"] / base
+    for key, out in (("cpu_us_per_tick", "cpu_vs_1_thread"), ("steady_cpu_us_per_tick", "steady_vs_1_thread")):
+        ref = {(r["profiler"], r["python"], r["rate"]): r.get(key) for r in rows if r.get("threads") == 1}
+        for r in rows:
+            base = ref.get((r["profiler"], r["python"], r.get("rate")))
+            if base and r.get(key):
+                r[out] = r[key] / base
 
     proc_rows, worker_rows = [], []
     proc_profs = [ScaleProf("pyprof"), ScaleProf("pyprof", nonblocking=True)]
@@ -1294,6 +1307,8 @@ THREAD_COLUMNS = [
     ("cpu_us_per_tick", "CPU µs/tick", "%.0f"),
     ("cpu_us_per_thread_sample", "CPU µs/thread-sample", "%.2f"),
     ("cpu_vs_1_thread", "vs 1 thread", "%.1f"),
+    ("steady_cpu_us_per_tick", "steady µs/tick", "%.0f"),
+    ("steady_vs_1_thread", "steady vs 1", "%.1f"),
     ("held_pct", "held %", "%.1f"),
     ("peak_rss_mb", "peak RSS MB", "%.1f"),
     ("note", "note", "%s"),
