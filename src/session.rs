@@ -1,6 +1,8 @@
 //! An attached target and the readers that sample it: the Python snapshot
 //! ([`Snapshotter`]) and, with `--native`, the native layer on top of it.
 
+use std::time::{Duration, Instant};
+
 use crate::attach::{AttachOptions, Attached, attach, attach_fork_child};
 use crate::error::Result;
 use crate::freeze::{AcquireStats, Freezer, Sampling};
@@ -13,6 +15,16 @@ pub use crate::python::snapshot::SnapshotNeeds;
 use crate::python::snapshot::{Snapshotter, WalkStats};
 use crate::stack::{Frame, FrameKind, ThreadStack};
 
+/// See [`Session::exec_seen`].
+const EXEC_WATCH: Duration = Duration::from_secs(2);
+const EXEC_CHECK_EVERY: Duration = Duration::from_millis(5);
+
+struct ExecWatch {
+    cmdline: Vec<String>,
+    until: Instant,
+    next: Instant,
+}
+
 pub struct Session {
     attached: Attached,
     python: Snapshotter,
@@ -22,6 +34,8 @@ pub struct Session {
     gc_frame: Option<Frame>,
     /// Attached from its parent's session: it may exec after that.
     fork_child: bool,
+    /// A fork child's command line as attached, watched for a while.
+    exec_watch: Option<ExecWatch>,
     /// Why `--mode cpu` reads thread states from /proc here, if it does.
     run_states_refused: Option<String>,
 }
@@ -39,7 +53,11 @@ impl Session {
         match attach_fork_child(&parent.attached, pid) {
             // The parent's threads could be stopped, and a child is ours
             // just as its parent is: no need to stop it once more to prove it.
-            Ok(attached) => Session::around(attached, opts, false).map(|s| Session { fork_child: true, ..s }),
+            Ok(attached) => Session::around(attached, opts, false).map(|s| {
+                let now = Instant::now();
+                let exec_watch = Some(ExecWatch { cmdline: s.attached.target.cmdline(), until: now + EXEC_WATCH, next: now });
+                Session { fork_child: true, exec_watch, ..s }
+            }),
             Err(e) if e.is_process_gone() => Err(e),
             Err(_) => Session::attach(pid, opts),
         }
@@ -72,7 +90,7 @@ impl Session {
             // (ptrace forbidden, or a debugger already holds them).
             probe_stopping(pid)?;
         }
-        Ok(Session { attached, python, native, freezer: Freezer::new(opts.sampling), gc_frame, fork_child: false, run_states_refused: None })
+        Ok(Session { attached, python, native, freezer: Freezer::new(opts.sampling), gc_frame, fork_child: false, exec_watch: None, run_states_refused: None })
     }
 
     /// How the snapshots so far were obtained, and how long the target was held.
@@ -102,6 +120,32 @@ impl Session {
             maps.iter().filter(|m| m.path.as_deref() == Some(self.attached.module.as_str())).map(|m| (m.start, m.end)).collect()
         };
         crate::process::maps::read_maps(self.pid()).is_ok_and(|now| module(&now) != module(&self.attached.maps))
+    }
+
+    /// Whether a fork child has exec'd while its snapshots go on working: a
+    /// non-PIE binary (Debian's static python3.11) execs into the very same
+    /// addresses, so [`Self::execd`], asked after a failed snapshot, never
+    /// sees it, and the new program's samples went on under its parent's
+    /// command line. The exec changes the command line: it is compared for
+    /// [`EXEC_WATCH`] after the attach, every [`EXEC_CHECK_EVERY`] (a `/proc`
+    /// read each), which covers `subprocess`'s fork-then-exec; a child that
+    /// runs longer was forked to work, not to exec. The same command line
+    /// exec'd again needs no new label, and a moved module is still caught
+    /// by [`Self::execd`].
+    pub fn exec_seen(&mut self) -> bool {
+        let Some(w) = self.exec_watch.as_mut() else { return false };
+        let now = Instant::now();
+        if now >= w.until {
+            self.exec_watch = None;
+            return false;
+        }
+        if now < w.next {
+            return false;
+        }
+        w.next = now + EXEC_CHECK_EVERY;
+        let cmdline = self.attached.target.cmdline();
+        // Empty: gone, or a zombie; its snapshot says which.
+        !cmdline.is_empty() && cmdline != w.cmdline
     }
 
     pub fn pid(&self) -> i32 {

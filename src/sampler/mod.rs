@@ -396,6 +396,17 @@ pub fn run(
                 }
             }
         }
+        // A fork child that exec'd into the same addresses: attached anew
+        // (see `Session::exec_seen`), as one whose snapshot failed is.
+        for (i, s) in sessions.iter_mut().enumerate() {
+            if !gone.contains(&i) && s.exec_seen() {
+                stats.syscalls += s.attached().mem.syscalls();
+                stats.add_session(s);
+                gone.push(i);
+                execd.push(s.pid());
+            }
+        }
+        gone.sort_unstable();
         for i in gone.into_iter().rev() {
             sessions.remove(i);
         }
