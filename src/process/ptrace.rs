@@ -90,6 +90,10 @@ impl Stopped {
             return false;
         }
         for _ in 0..n {
+            if in_or_at_syscall(tid) {
+                // Held where it is; the caller reads it as it stands.
+                return false;
+            }
             // SAFETY: no pointers.
             if unsafe { libc::ptrace(libc::PTRACE_SINGLESTEP, tid, 0usize, 0usize) } != 0 {
                 self.reached.retain(|&t| t != tid);
@@ -356,6 +360,38 @@ fn wait_stop_kind(pid: i32, tid: i32) -> Option<Option<(i32, bool)>> {
         }
         sleep_for_sigchld(deadline);
     }
+}
+
+/// Whether held thread `tid` stopped inside a system call that will be
+/// restarted, or its next instruction enters one (`syscall`, `sysenter`,
+/// `int 0x80`). Stepped there, it runs the whole call: a blocking one held
+/// it until the stop timed out (100 ms, in `subprocess`'s wait for its
+/// child), and the kernel reports the step at the call's return with a
+/// SIGTRAP that comes after the thread is let go, and kills the program
+/// (a 3.8 target under `--subprocesses` exited with 133 once in 20 runs).
+/// A frame update is a few stores: it never needs a step into the kernel.
+/// Unreadable registers or text count as a system call: no step.
+fn in_or_at_syscall(tid: i32) -> bool {
+    // SAFETY: user_regs_struct is plain data; the kernel fills it.
+    let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+    if unsafe { libc::ptrace(libc::PTRACE_GETREGS, tid, 0usize, &mut r as *mut _ as usize) } != 0 {
+        return true;
+    }
+    // Stopped in a call the kernel restarts once the thread resumes
+    // (ERESTARTSYS, ERESTARTNOINTR, ERESTARTNOHAND, ERESTART_RESTARTBLOCK).
+    if r.orig_rax != u64::MAX && matches!(r.rax as i64, -516..=-512) {
+        return true;
+    }
+    // SAFETY: PEEKTEXT returns the word; errno tells an error from a word of -1.
+    let word = unsafe {
+        *libc::__errno_location() = 0;
+        libc::ptrace(libc::PTRACE_PEEKTEXT, tid, r.rip as usize, 0usize)
+    };
+    if word == -1 && std::io::Error::last_os_error().raw_os_error().is_some_and(|e| e != 0) {
+        return true;
+    }
+    let b = (word as u64).to_le_bytes();
+    matches!((b[0], b[1]), (0x0f, 0x05) | (0x0f, 0x34) | (0xcd, 0x80))
 }
 
 fn get_regs(tid: i32) -> Option<Regs> {
