@@ -74,7 +74,11 @@ pub fn gil_words(o: &Offsets, runtime: u64, interps: &[u64], out: &mut Vec<GilWo
         return;
     }
     if let Some(g) = o.interp.gil {
-        for &i in interps {
+        // A null interpreter is no interpreter: a fork child's runtime
+        // clears its list's head while it drops all but the main one
+        // (3.13's `_PyInterpreterState_DeleteExceptMain`), and a new
+        // worker's first tick read its GIL at 0 + the offset.
+        for &i in interps.iter().filter(|&&i| i != 0) {
             let w = GilWords { locked: i + g.locked, holder: i + g.holder };
             if !out.contains(&w) {
                 out.push(w);
