@@ -300,7 +300,9 @@ fn subprocesses_are_followed() {
         // what it runs after the exec goes under its own.
         let pids: std::collections::HashSet<&str> = procs.iter().filter_map(|f| f.strip_prefix("process ")?.split(' ').next()).collect();
         assert_eq!(pids.len(), 2, "one root per process: {procs:?}");
-        let root_of = |s: &pyprof::profile::model::Stack| s.frames.iter().map(|&f| &p.frames[f as usize]).find(|f| f.kind == FrameKind::Process).map(|f| f.function.as_str());
+        let root_of = |s: &pyprof::profile::model::Stack| {
+            s.frames.iter().map(|&f| &p.frames[f as usize]).find(|f| f.kind == FrameKind::Process).map(|f| f.function.as_str())
+        };
         for s in p.stacks.iter().filter(|s| s.frames.iter().any(|&f| p.frames[f as usize].function == "child_work")) {
             let root = root_of(s).unwrap_or("");
             assert!(root.contains("-c"), "child_work under {root:?}: the exec'd child under another command line ({procs:?})");

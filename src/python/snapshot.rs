@@ -588,9 +588,7 @@ impl Snapshotter {
         let carry = match moving {
             // The caller compares the list a window at a time (see
             // [`Self::check_list`]); a whole round must be recent.
-            Some(h) => {
-                self.list_checked.is_some_and(|t| t.elapsed() < quiet::MAX_UNCHECKED) && refresh_moving(&mut self.states, &mut self.ts_buf, mem, o, h)
-            }
+            Some(h) => self.list_checked.is_some_and(|t| t.elapsed() < quiet::MAX_UNCHECKED) && refresh_moving(&mut self.states, &mut self.ts_buf, mem, o, h),
             None => false,
         };
         self.carried_last = carry;
