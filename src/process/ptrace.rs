@@ -372,11 +372,7 @@ fn wait_stop_kind(pid: i32, tid: i32) -> Option<Option<(i32, bool)>> {
 /// A frame update is a few stores: it never needs a step into the kernel.
 /// Unreadable registers or text count as a system call: no step.
 fn in_or_at_syscall(tid: i32) -> bool {
-    // SAFETY: user_regs_struct is plain data; the kernel fills it.
-    let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
-    if unsafe { libc::ptrace(libc::PTRACE_GETREGS, tid, 0usize, &mut r as *mut _ as usize) } != 0 {
-        return true;
-    }
+    let Some(r) = user_regs(tid) else { return true };
     // Stopped in a call the kernel restarts once the thread resumes
     // (ERESTARTSYS, ERESTARTNOINTR, ERESTARTNOHAND, ERESTART_RESTARTBLOCK).
     if r.orig_rax != u64::MAX && matches!(r.rax as i64, -516..=-512) {
@@ -394,11 +390,15 @@ fn in_or_at_syscall(tid: i32) -> bool {
     matches!((b[0], b[1]), (0x0f, 0x05) | (0x0f, 0x34) | (0xcd, 0x80))
 }
 
-fn get_regs(tid: i32) -> Option<Regs> {
+fn user_regs(tid: i32) -> Option<libc::user_regs_struct> {
     // SAFETY: user_regs_struct is plain data; the kernel fills it.
     let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
     let ok = unsafe { libc::ptrace(libc::PTRACE_GETREGS, tid, 0usize, &mut r as *mut _ as usize) };
-    (ok == 0).then_some(Regs { ip: r.rip, sp: r.rsp, bp: r.rbp })
+    (ok == 0).then_some(r)
+}
+
+fn get_regs(tid: i32) -> Option<Regs> {
+    user_regs(tid).map(|r| Regs { ip: r.rip, sp: r.rsp, bp: r.rbp })
 }
 
 /// Stop every listed thread of `pid` and read their registers. Threads that

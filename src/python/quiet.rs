@@ -41,8 +41,8 @@ use crate::python::threads::ThreadState;
 pub const ROUND: Duration = Duration::from_millis(500);
 /// Windows of fewer states than this are not worth their own call.
 pub const MIN_WINDOW: usize = 4;
-/// Windows come at most this often: each is one or two calls, whose fixed
-/// cost (a few µs) is paid once for the states of 10 ms, not each tick.
+/// Windows come at most this often: each is one call, whose fixed cost (a
+/// few µs) is paid once for the states of 10 ms, not each tick.
 pub const WINDOW_GAP: Duration = Duration::from_millis(10);
 /// How old the last complete round may be for stacks to be carried over.
 pub const MAX_UNCHECKED: Duration = Duration::from_millis(2 * ROUND.as_millis() as u64);

@@ -125,13 +125,13 @@ impl NameCache {
                 self.generation += 1;
                 continue;
             };
+            let age = now.saturating_duration_since(e.read_at);
+            let due = || age >= REFRESH_EVERY || (age >= MIN_REFRESH && !same_threads && idents().any(|i| !e.known.contains(&i)));
+            if e.pending.is_none() && !due() {
+                continue;
+            }
+            let Ok(mut r) = reader(mem, o) else { break };
             if e.pending.is_none() {
-                let age = now.saturating_duration_since(e.read_at);
-                let due = age >= REFRESH_EVERY || (age >= MIN_REFRESH && !same_threads && idents().any(|i| !e.known.contains(&i)));
-                if !due {
-                    continue;
-                }
-                let Ok(mut r) = reader(mem, o) else { return };
                 match active_threads(&mut r, interp) {
                     Ok(items) => {
                         let names = HashMap::with_capacity_and_hasher(items.len(), Default::default());
@@ -146,7 +146,6 @@ impl NameCache {
                 }
             }
             let Some(p) = e.pending.as_mut() else { continue };
-            let Ok(mut r) = reader(mem, o) else { return };
             let end = (p.done + NAMES_PER_CALL).min(p.items.len());
             for &(key, thread) in &p.items[p.done..end] {
                 if let Some((ident, name)) = name_of(&mut r, key, thread) {

@@ -111,6 +111,7 @@ pub struct SamplerStats {
 impl SamplerStats {
     /// What a session that ends (or the recording does) adds up to.
     fn add_session(&mut self, s: &Session) {
+        self.syscalls += s.attached().mem.syscalls();
         self.cost.add(s);
         self.acquire.add(&s.acquire_stats());
         if let Some(n) = s.native_stats() {
@@ -377,16 +378,22 @@ pub fn run(
                         }
                     }
                     s.recycle(threads);
+                    // A fork child that exec'd into the same addresses reads
+                    // on without failing (see `Session::exec_seen`): attached
+                    // anew, as one whose snapshot failed is.
+                    if s.exec_seen() {
+                        stats.add_session(s);
+                        gone.push(i);
+                        execd.push(pid);
+                    }
                 }
                 // A process that exits mid-snapshot fails it in many ways (a
                 // refused seize, a read of freed memory): its end, not an error.
                 Err(e) if e.is_process_gone() || !s.attached().target.is_alive() || crate::process::is_exiting(s.pid()) => {
-                    stats.syscalls += s.attached().mem.syscalls();
                     stats.add_session(s);
                     gone.push(i);
                 }
                 Err(_) if s.execd() => {
-                    stats.syscalls += s.attached().mem.syscalls();
                     stats.add_session(s);
                     gone.push(i);
                     execd.push(s.pid());
@@ -396,17 +403,6 @@ pub fn run(
                 }
             }
         }
-        // A fork child that exec'd into the same addresses: attached anew
-        // (see `Session::exec_seen`), as one whose snapshot failed is.
-        for (i, s) in sessions.iter_mut().enumerate() {
-            if !gone.contains(&i) && s.exec_seen() {
-                stats.syscalls += s.attached().mem.syscalls();
-                stats.add_session(s);
-                gone.push(i);
-                execd.push(s.pid());
-            }
-        }
-        gone.sort_unstable();
         for i in gone.into_iter().rev() {
             sessions.remove(i);
         }
@@ -438,7 +434,6 @@ pub fn run(
     stats.elapsed = timer.elapsed();
     stats.late = timer.late;
     stats.skipped = timer.skipped;
-    stats.syscalls += sessions.iter().map(|s| s.attached().mem.syscalls()).sum::<u64>();
     for s in sessions.iter() {
         stats.add_session(s);
     }
