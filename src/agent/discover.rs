@@ -80,6 +80,27 @@ fn reason(e: &Error, settled: bool) -> Option<&'static str> {
     }
 }
 
+/// What a process's command line says about attaching to it now.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    Attach,
+    Later,
+    GiveUp(&'static str),
+}
+
+fn by_command_line(selection: &Selection, raw: &[u8], settled: bool) -> Step {
+    let verdict = |why| if settled { Step::GiveUp(why) } else { Step::Later };
+    if raw.is_empty() {
+        // Kernel threads have no command line, nor do zombies; nor does a
+        // process in the middle of an exec (its new memory has no
+        // arguments yet), so a young one is looked at again.
+        return verdict("no_command_line");
+    }
+    let cmdline = String::from_utf8_lossy(raw).split('\0').filter(|a| !a.is_empty()).collect::<Vec<_>>().join(" ");
+    // A fork child has its parent's command line until it execs.
+    if selection.wants(&cmdline) { Step::Attach } else { verdict("not_matched") }
+}
+
 impl Finder {
     pub fn new(selection: Selection, opts: AttachOptions, labels: LabelSource, windows: Arc<Windows>, counters: Arc<Counters>) -> Finder {
         Finder {
@@ -147,18 +168,10 @@ impl Finder {
             self.pending.remove(&pid);
             return;
         };
-        if raw.is_empty() {
-            // Kernel threads have no command line, nor do zombies.
-            give_up(self, "no_command_line");
-            return;
-        }
-        let cmdline = String::from_utf8_lossy(&raw).split('\0').filter(|a| !a.is_empty()).collect::<Vec<_>>().join(" ");
-        if !self.selection.wants(&cmdline) {
-            // A fork child has its parent's command line until it execs.
-            if settled {
-                give_up(self, "not_matched");
-            }
-            return;
+        match by_command_line(&self.selection, &raw, settled) {
+            Step::Attach => {}
+            Step::Later => return,
+            Step::GiveUp(why) => return give_up(self, why),
         }
         match Session::attach(pid, &self.opts) {
             Ok(s) => self.adopt(s, sessions),
@@ -241,5 +254,31 @@ impl Discover for Finder {
     fn execd(&mut self, pid: i32) {
         // A given --pid that exec'd another Python is still the one asked for.
         self.pending.insert(pid, Instant::now() + SETTLE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matching(re: &str) -> Selection {
+        Selection::All { include: Some(Regex::new(re).unwrap()), exclude: None }
+    }
+
+    /// CI once lost a target this way: read mid-exec, its command line was
+    /// empty, and it was left alone as if it were a kernel thread.
+    #[test]
+    fn a_young_process_without_a_command_line_is_looked_at_again() {
+        let sel = matching("marker");
+        assert_eq!(by_command_line(&sel, b"", false), Step::Later);
+        assert_eq!(by_command_line(&sel, b"", true), Step::GiveUp("no_command_line"));
+    }
+
+    #[test]
+    fn a_command_line_is_matched_across_its_arguments() {
+        let sel = matching("app\\.py marker");
+        assert_eq!(by_command_line(&sel, b"python3\0app.py\0marker\0", true), Step::Attach);
+        assert_eq!(by_command_line(&sel, b"cargo\0test\0", false), Step::Later);
+        assert_eq!(by_command_line(&sel, b"cargo\0test\0", true), Step::GiveUp("not_matched"));
     }
 }
