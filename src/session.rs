@@ -38,7 +38,14 @@ pub struct Session {
     exec_watch: Option<ExecWatch>,
     /// Why `--mode cpu` reads thread states from /proc here, if it does.
     run_states_refused: Option<String>,
+    /// Snapshots taken so far (counted to [`COLD_SNAPSHOTS`]).
+    snapshots: u32,
 }
+
+/// A session's first snapshots stop its GIL holder before any of its
+/// context switches are known (the holder's events open at the first), so
+/// they may wait for a CPU: see [`Session::waits_for_cpus`].
+const COLD_SNAPSHOTS: u32 = 2;
 
 impl Session {
     pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Session> {
@@ -90,7 +97,17 @@ impl Session {
             // (ptrace forbidden, or a debugger already holds them).
             probe_stopping(pid)?;
         }
-        Ok(Session { attached, python, native, freezer: Freezer::new(opts.sampling), gc_frame, fork_child: false, exec_watch: None, run_states_refused: None })
+        Ok(Session {
+            attached,
+            python,
+            native,
+            freezer: Freezer::new(opts.sampling),
+            gc_frame,
+            fork_child: false,
+            exec_watch: None,
+            run_states_refused: None,
+            snapshots: 0,
+        })
     }
 
     /// How the snapshots so far were obtained, and how long the target was held.
@@ -103,10 +120,13 @@ impl Session {
         self.freezer.stats.pause + self.native_stats().map_or(std::time::Duration::ZERO, |n| n.pause)
     }
 
-    /// Whether a snapshot may wait for a thread of the target to stop
-    /// (which it does only once that thread gets a CPU).
-    pub fn stops_threads(&self) -> bool {
-        self.native.is_some() || self.freezer.sampling == crate::freeze::Sampling::Exact
+    /// Whether a snapshot may wait for a thread that is on no CPU to stop:
+    /// `--native` stops every thread, and exact sampling without
+    /// context-switch records stops the GIL holder wherever it is. With
+    /// them, it stops only a holder on a CPU, which stops at once.
+    pub fn waits_for_cpus(&self) -> bool {
+        let exact = self.freezer.sampling == crate::freeze::Sampling::Exact;
+        self.native.is_some() || (exact && (self.snapshots < COLD_SNAPSHOTS || !self.attached.target.follows_holders()))
     }
 
     /// Whether a fork child attached from its parent's session has exec'd
@@ -209,6 +229,7 @@ impl Session {
     /// `--native`, as task await chains under `--async`, and `<GC>` on top
     /// while the collector runs on it).
     pub fn snapshot(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
+        self.snapshots = self.snapshots.saturating_add(1).min(COLD_SNAPSHOTS);
         let a = &self.attached;
         if needs.stop_running_only {
             // `--mode cpu` asks every thread's state at every tick: from the

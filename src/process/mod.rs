@@ -137,6 +137,14 @@ impl Target {
         }
     }
 
+    /// Whether holders are proven off CPU by their context switches (so
+    /// exact sampling stops only threads that are on a CPU): the tracker
+    /// of [`Target::track_holders`] runs, or will once there is a holder,
+    /// and the kernel has not refused it its events.
+    pub fn follows_holders(&self) -> bool {
+        self.track_holders() && self.run_states.borrow().as_ref().is_some_and(|rs| !rs.refused())
+    }
+
     /// What the context-switch tracker has done, if it runs.
     /// Only of a tracker that keeps states (`--mode cpu`): the one exact
     /// sampling makes for GIL holders reports through `freeze`'s counts.

@@ -384,6 +384,12 @@ impl RunStates {
         }
     }
 
+    /// Whether the kernel has refused this tracker its events (then it
+    /// proves nothing, and asks no more).
+    pub fn refused(&self) -> bool {
+        self.rings.is_empty() && self.no_more
+    }
+
     /// Whether this tracker keeps states for [`RunStates::state`] (one made
     /// by [`RunStates::holders`] does not: it skips the `/proc` rechecks).
     pub fn keeps_states(&self) -> bool {

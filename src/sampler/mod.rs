@@ -264,23 +264,32 @@ fn note_gc_frames(sessions: &[Session], stats: &mut SamplerStats) {
 const MAX_PARALLEL: usize = 64;
 
 /// One snapshot of every session, in the sessions' order, with how long
-/// each held its target. Where a snapshot waits for a thread to stop, the
-/// wait lasts until that thread gets a CPU, which many spinning processes
-/// share: waited for one process after another, those waits add up to more
-/// than a tick (16 workers got 1–2 of 100 Hz). So the sessions are
-/// snapshotted each on its own thread, all stops asked for at once. A
+/// each held its target. Where a snapshot waits for a thread on no CPU to
+/// stop, the wait lasts until that thread gets a CPU, which many spinning
+/// processes share: waited for one process after another, those waits add
+/// up to more than a tick (16 workers got 1–2 of 100 Hz). So such sessions
+/// are snapshotted each on its own thread, all stops asked for at once. A
 /// session is wholly handled by one thread within the tick (ptrace's tracer
 /// is the thread that seized, and nothing stays seized between ticks), and
 /// each snapshot is still of the instant its own stop chose.
+///
+/// Only then: when context-switch records prove holders off CPU, exact
+/// sampling stops only holders on a CPU, which stop within microseconds,
+/// and a thread per session costs more than it saves. Each must be
+/// scheduled, and with more busy processes than CPUs each waited for one:
+/// 16 spinning workers on 2 CPUs got 45-51 of 1,000 Hz that way, against
+/// 800 on one thread.
 fn snapshot_all(sessions: &mut [Session], needs: SnapshotNeeds) -> Vec<(crate::error::Result<Vec<ThreadStack>>, Duration)> {
     let one = |s: &mut Session| {
         let before = s.held_total();
         let r = s.snapshot(needs);
         (r, s.held_total().saturating_sub(before))
     };
-    if sessions.len() < 2 || !sessions.iter().any(Session::stops_threads) {
+    if sessions.len() < 2 || !sessions.iter().any(Session::waits_for_cpus) {
+        crate::process::ptrace::set_spin_for_stops(sessions.len() >= 2);
         return sessions.iter_mut().map(one).collect();
     }
+    crate::process::ptrace::set_spin_for_stops(false);
     crate::process::ptrace::block_sigchld();
     let mut out = Vec::with_capacity(sessions.len());
     for chunk in sessions.chunks_mut(MAX_PARALLEL) {
