@@ -119,7 +119,8 @@ impl Steps {
         if self.taken >= MAX_STEPS {
             return false;
         }
-        let half_done: Vec<i32> = threads.iter().filter(|t| t.torn).filter_map(|t| t.native_id).map(|n| n as i32).filter(|&t| stopped.holds(t)).collect();
+        let half_done: Vec<i32> =
+            threads.iter().filter(|t| t.torn).filter_map(|t| t.native_id).map(|n| n as i32).filter(|&t| stopped.holds_or_freezes(t)).collect();
         if half_done.is_empty() || !half_done.iter().all(|&t| stopped.step(t, burst)) {
             return false;
         }
@@ -365,7 +366,16 @@ impl Freezer {
                     }
                 });
             }
-            stopped.add(&self.tids, false)?;
+            if tracking && !all {
+                // A holder that leaves its CPU before it stops is read as
+                // it stood then, not waited for (`Stopped::add_or_freeze`).
+                stopped.add_or_freeze(&self.tids, &mut |tid| {
+                    a.target.poll_run_states();
+                    a.target.off_cpu(tid).is_some()
+                })?;
+            } else {
+                stopped.add(&self.tids, false)?;
+            }
             self.fixed.clear();
             if !all {
                 self.push_holder_words();
@@ -420,7 +430,7 @@ impl Freezer {
                 // Whether each held thread was on a CPU, said before it is let go.
                 self.held_on_cpu.clear();
                 for t in threads.iter() {
-                    if let Some(tid) = t.native_id.map(|n| n as i32).filter(|&n| stopped.holds(n)) {
+                    if let Some(tid) = t.native_id.map(|n| n as i32).filter(|&n| stopped.holds_or_freezes(n)) {
                         self.held_on_cpu.push((tid, self.running.contains(&tid) && !stopped.was_job_stopped(tid)));
                     }
                 }

@@ -53,12 +53,15 @@ pub struct Stopped {
     started: Option<Instant>,
     /// Threads whose stop came as a job-control stop ([`wait_stop_kind`]).
     job_stopped: Vec<i32>,
+    /// Threads interrupted and proven on no CPU since, which have not
+    /// reached their stop (see [`Stopped::add_or_freeze`]).
+    frozen: Vec<i32>,
 }
 
 impl Stopped {
     /// None held yet; [`Stopped::add`] stops some.
     pub fn none(pid: i32) -> Stopped {
-        Stopped { pid, threads: Vec::new(), reached: Vec::new(), started: None, job_stopped: Vec::new() }
+        Stopped { pid, threads: Vec::new(), reached: Vec::new(), started: None, job_stopped: Vec::new(), frozen: Vec::new() }
     }
 
     /// Registers of `tid`, if it reached its stop (and they were asked for).
@@ -69,6 +72,12 @@ impl Stopped {
     /// Whether `tid` is held stopped now.
     pub fn holds(&self, tid: i32) -> bool {
         self.reached.contains(&tid)
+    }
+
+    /// Whether `tid` is held stopped, or cannot run a user instruction
+    /// before it is (frozen: see [`Stopped::add_or_freeze`]).
+    pub fn holds_or_freezes(&self, tid: i32) -> bool {
+        self.holds(tid) || self.frozen.contains(&tid)
     }
 
     /// Whether `tid` was in (or on its way into) a job-control stop when it
@@ -86,6 +95,16 @@ impl Stopped {
     /// through the few stores of an update of its frames, which a handful
     /// of instructions later is done. False if it is not held after.
     pub fn step(&mut self, tid: i32, n: u32) -> bool {
+        if self.frozen.contains(&tid) {
+            // Stepped from its stop: that stop is waited for first.
+            self.frozen.retain(|&t| t != tid);
+            if let Some(Some((sig, _))) = wait_stop_kind(self.pid, tid) {
+                self.reached.push(tid);
+                if let Some(t) = self.threads.iter_mut().find(|t| t.0 == tid) {
+                    t.2 = sig;
+                }
+            }
+        }
         if !self.holds(tid) {
             return false;
         }
@@ -137,13 +156,34 @@ impl Stopped {
     /// `regs`. Threads that exit meanwhile are skipped; one we may not
     /// trace fails the call (those stopped so far stay held until drop).
     pub fn add(&mut self, tids: &[i32], regs: bool) -> Result<()> {
+        self.add_inner(tids, regs, None)
+    }
+
+    /// As [`Stopped::add`], without registers, and a thread that has not
+    /// stopped by the time `off_cpu` says it is on no CPU is not waited for:
+    /// it is frozen. Its interrupt is pending, and a thread returns to user
+    /// space only through that stop: off CPU, it cannot run a user
+    /// instruction until it stops, so it stands as it stood when it left
+    /// its CPU. Waiting for it would wait for a CPU, which with more busy
+    /// processes than CPUs took tens of milliseconds and made the tick late
+    /// for every process. A frozen thread is let go once it reaches its
+    /// stop: at drop if it has, else at a later [`release_frozen`] (it is
+    /// stopped until then).
+    pub fn add_or_freeze(&mut self, tids: &[i32], off_cpu: &mut dyn FnMut(i32) -> bool) -> Result<()> {
+        self.add_inner(tids, false, Some(off_cpu))
+    }
+
+    fn add_inner(&mut self, tids: &[i32], regs: bool, mut off_cpu: Option<&mut dyn FnMut(i32) -> bool>) -> Result<()> {
         block_sigchld();
+        release_frozen();
         let first = self.threads.len();
         for &tid in tids {
             if self.threads.iter().any(|t| t.0 == tid) {
                 continue;
             }
-            if seize(self.pid, tid)? {
+            // Frozen at an earlier tick and not stopped yet: still ours, its
+            // interrupt still pending.
+            if take_frozen(self.pid, tid) || seize(self.pid, tid)? {
                 // Registered at once so that an error below still releases it.
                 self.threads.push((tid, None, 0));
             }
@@ -156,7 +196,21 @@ impl Stopped {
             }
         }
         for t in self.threads[first..].iter_mut() {
-            match wait_stop_kind(self.pid, t.0) {
+            let waited = match off_cpu.as_deref_mut() {
+                Some(f) => wait_stop_or_freeze(self.pid, t.0, f),
+                None => wait_stop_kind(self.pid, t.0).map(|s| s.map(Waited::Stopped)),
+            };
+            let waited = match waited {
+                Some(Some(Waited::Frozen)) => {
+                    self.started.get_or_insert_with(Instant::now);
+                    self.frozen.push(t.0);
+                    continue;
+                }
+                Some(Some(Waited::Stopped(s))) => Some(Some(s)),
+                Some(None) => Some(None),
+                None => None,
+            };
+            match waited {
                 Some(Some((sig, job_stop))) => {
                     self.started.get_or_insert_with(Instant::now);
                     self.reached.push(t.0);
@@ -185,11 +239,16 @@ impl Stopped {
 impl Drop for Stopped {
     fn drop(&mut self) {
         for &(tid, _, sig) in &self.threads {
+            if self.frozen.contains(&tid) {
+                FROZEN.with(|f| f.borrow_mut().push((self.pid, tid)));
+                continue;
+            }
             // SAFETY: no pointers.
             if unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0usize, sig as usize) } != 0 {
                 release_unstopped(self.pid, tid);
             }
         }
+        release_frozen();
         // A thread let go from a job-control stop goes back into it, but runs
         // ('R') on the way for as long as it waits for a CPU: the next look
         // at /proc would call it on CPU. Leave it as it was found.
@@ -328,9 +387,14 @@ fn wait_stop(pid: i32, tid: i32) -> Option<Option<i32>> {
 /// on its way, so such a thread was not doing work, even if /proc said
 /// 'R' a moment before (it runs briefly on its way back into the stop).
 fn wait_stop_kind(pid: i32, tid: i32) -> Option<Option<(i32, bool)>> {
+    wait_stop_kind_until(pid, tid, Instant::now() + STOP_TIMEOUT, true)
+}
+
+/// [`wait_stop_kind`] up to `deadline` (one look if it has passed);
+/// `spin`: poll first, if [`set_spin_for_stops`] asks for it.
+fn wait_stop_kind_until(pid: i32, tid: i32, deadline: Instant, spin: bool) -> Option<Option<(i32, bool)>> {
     let start = Instant::now();
-    let deadline = start + STOP_TIMEOUT;
-    let spin_until = start + if SPIN_FOR_STOPS.with(|s| s.get()) { SPIN_FOR_STOP } else { Duration::ZERO };
+    let spin_until = start + if spin && SPIN_FOR_STOPS.with(|s| s.get()) { SPIN_FOR_STOP } else { Duration::ZERO };
     loop {
         let mut status = 0;
         // SAFETY: status is a valid out pointer.
@@ -367,6 +431,85 @@ fn wait_stop_kind(pid: i32, tid: i32) -> Option<Option<(i32, bool)>> {
         }
         sleep_for_sigchld(deadline);
     }
+}
+
+/// How a wait for a stop ended, short of a timeout or the thread's end.
+enum Waited {
+    /// Stopped: the signal to pass on when let go, and whether a job-control stop.
+    Stopped((i32, bool)),
+    /// On no CPU with its interrupt pending: see [`Stopped::add_or_freeze`].
+    Frozen,
+}
+
+/// [`wait_stop_kind`], but looking between sleeps (each at most
+/// [`FREEZE_LOOK`]) whether the thread is off CPU, and then not waiting.
+fn wait_stop_or_freeze(pid: i32, tid: i32, off_cpu: &mut dyn FnMut(i32) -> bool) -> Option<Option<Waited>> {
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    let mut first = true;
+    loop {
+        let slice = (Instant::now() + FREEZE_LOOK).min(deadline);
+        // The first slice may poll before it sleeps; the others sleep.
+        let r = wait_stop_kind_until(pid, tid, slice, std::mem::take(&mut first))?;
+        if let Some(s) = r {
+            return Some(Some(Waited::Stopped(s)));
+        }
+        if off_cpu(tid) {
+            // It may have stopped since: then it is held as any other.
+            return Some(Some(match wait_stop_kind_until(pid, tid, Instant::now(), false)? {
+                Some(s) => Waited::Stopped(s),
+                None => Waited::Frozen,
+            }));
+        }
+        if Instant::now() >= deadline {
+            return Some(None);
+        }
+    }
+}
+
+/// Between looks at whether a thread that has not stopped is off CPU.
+const FREEZE_LOOK: Duration = Duration::from_micros(100);
+
+thread_local! {
+    /// Frozen threads let go of before they stopped: (pid, tid), seized
+    /// by this thread, each stopped or about to be.
+    static FROZEN: std::cell::RefCell<Vec<(i32, i32)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Let go of every frozen thread that has reached its stop since (and
+/// forget those that have exited). Called at each stop and release, and
+/// by the sampler at each tick.
+pub fn release_frozen() {
+    FROZEN.with(|f| {
+        f.borrow_mut().retain(|&(pid, tid)| match wait_stop_kind_until(pid, tid, Instant::now(), false) {
+            Some(Some((sig, _))) => {
+                // SAFETY: no pointers.
+                unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0usize, sig as usize) };
+                false
+            }
+            Some(None) => true,
+            None => false,
+        })
+    });
+}
+
+/// Let go of every frozen thread, waiting for each to stop (bounded): at
+/// the end of a recording, so none stays stopped while pyprof writes.
+pub fn release_all_frozen() {
+    let left: Vec<(i32, i32)> = FROZEN.with(|f| std::mem::take(&mut *f.borrow_mut()));
+    for (pid, tid) in left {
+        release_unstopped(pid, tid);
+    }
+}
+
+/// Whether `tid` was frozen and let go of before it stopped: it is taken
+/// back (still seized by this thread, its interrupt still pending).
+fn take_frozen(pid: i32, tid: i32) -> bool {
+    FROZEN.with(|f| {
+        let mut f = f.borrow_mut();
+        let before = f.len();
+        f.retain(|&t| t != (pid, tid));
+        f.len() != before
+    })
 }
 
 /// How long a wait for a stop polls before it sleeps, when
@@ -434,4 +577,95 @@ pub fn stop_threads(pid: i32, tids: &[i32]) -> Result<Stopped> {
     let mut stopped = Stopped::none(pid);
     stopped.add(tids, true)?;
     Ok(stopped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn status_field(pid: i32, key: &str) -> Option<String> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        s.lines().find_map(|l| l.strip_prefix(key)).map(|v| v.trim().to_string())
+    }
+
+    fn pin(tid: i32, cpu: usize) {
+        // SAFETY: a zeroed cpu_set_t is empty; CPU_SET stays within it.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            assert_eq!(libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set), 0, "pin {tid}");
+        }
+    }
+
+    /// A busy child kept off its CPU (a real-time spinner holds that CPU)
+    /// is interrupted, found off CPU, and frozen rather than waited for;
+    /// dropped, it stays ours until it gets its CPU back and stops, and
+    /// the next release lets it go, running again and traced by no one.
+    #[test]
+    fn a_frozen_thread_is_let_go_once_it_stops() {
+        let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
+        struct Killed(std::process::Child);
+        impl Drop for Killed {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let child = Killed(std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap());
+        let pid = child.0.id() as i32;
+        pin(pid, cpu);
+        let stop = Arc::new(AtomicBool::new(false));
+        // Whatever fails below, the spinner stops and the CPU comes back.
+        struct Release(Arc<AtomicBool>);
+        impl Drop for Release {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _release = Release(stop.clone());
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let spinner = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                pin(0, cpu);
+                let param = libc::sched_param { sched_priority: 1 };
+                // SAFETY: valid param for this thread.
+                let rt = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0;
+                ready_tx.send(rt).unwrap();
+                let end = Instant::now() + Duration::from_secs(2);
+                while rt && !stop.load(Ordering::Relaxed) && Instant::now() < end {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        if !ready_rx.recv().unwrap() {
+            eprintln!("skipped: SCHED_FIFO not allowed here (needs root or CAP_SYS_NICE)");
+            spinner.join().unwrap();
+            return;
+        }
+        // The spinner has the CPU: the child waits for it from here on.
+        std::thread::sleep(Duration::from_millis(20));
+        let mut stopped = Stopped::none(pid);
+        stopped.add_or_freeze(&[pid], &mut |_| true).unwrap();
+        assert!(!stopped.holds(pid) && stopped.holds_or_freezes(pid), "the child stopped though it had no CPU");
+        drop(stopped);
+        // The tracer is this thread, by its own id.
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() }.to_string();
+        assert_eq!(status_field(pid, "TracerPid:").as_deref(), Some(me.as_str()), "let go before it stopped");
+        stop.store(true, Ordering::Relaxed);
+        spinner.join().unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        while FROZEN.with(|f| !f.borrow().is_empty()) {
+            assert!(Instant::now() < end, "the frozen child never stopped to be let go");
+            std::thread::sleep(Duration::from_millis(5));
+            release_frozen();
+        }
+        assert_eq!(status_field(pid, "TracerPid:").as_deref(), Some("0"));
+        // Running again: busy, not held in a stop.
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(status_field(pid, "State:").as_deref().and_then(|s| s.chars().next()), Some('R'));
+    }
 }

@@ -5,6 +5,7 @@
 //! thread whose stack moved while read (`--nonblocking` only) is counted
 //! under [`TORN`], so its time stays in the profile, visibly.
 
+pub mod priority;
 pub mod timer;
 
 use std::collections::BTreeMap;
@@ -332,6 +333,7 @@ pub fn run(
     };
     let mut stats = SamplerStats::default();
     note_gc_frames(sessions, &mut stats);
+    let boost = priority::Boost::raise();
     let mut timer = timer::Timer::new(Duration::from_secs_f64(1.0 / cfg.rate_hz));
     let commands: Vec<String> = sessions.iter().map(|s| s.attached().target.cmdline().join(" ")).collect();
     let mut commands: std::collections::HashMap<i32, String> = sessions.iter().map(|s| s.pid()).zip(commands).collect();
@@ -346,6 +348,8 @@ pub fn run(
             }
         }
         timer.wait();
+        // Holders frozen at an earlier tick that have stopped since.
+        crate::process::ptrace::release_frozen();
         if STOP.load(Ordering::SeqCst) {
             break StopReason::Interrupted;
         }
@@ -440,6 +444,9 @@ pub fn run(
             sink.flush(&stats, threads_seen);
         }
     };
+    // None stays stopped while the profile is written.
+    crate::process::ptrace::release_all_frozen();
+    drop(boost);
     stats.elapsed = timer.elapsed();
     stats.late = timer.late;
     stats.skipped = timer.skipped;
