@@ -175,12 +175,16 @@ impl Target {
     }
 
     pub fn threads(&self) -> Vec<i32> {
-        let mut tids: Vec<i32> = std::fs::read_dir(format!("/proc/{}/task", self.pid))
-            .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
-            .unwrap_or_default();
-        tids.sort_unstable();
-        tids
+        thread_ids(self.pid)
     }
+}
+
+/// The threads of `pid` now, in order; none if it is gone.
+pub fn thread_ids(pid: i32) -> Vec<i32> {
+    let mut tids: Vec<i32> =
+        std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()).unwrap_or_default();
+    tids.sort_unstable();
+    tids
 }
 
 /// A process's working directory as the process sees it: /proc/PID/cwd

@@ -200,18 +200,12 @@ impl Stopped {
                 Some(f) => wait_stop_or_freeze(self.pid, t.0, f),
                 None => wait_stop_kind(self.pid, t.0).map(|s| s.map(Waited::Stopped)),
             };
-            let waited = match waited {
+            match waited {
                 Some(Some(Waited::Frozen)) => {
                     self.started.get_or_insert_with(Instant::now);
                     self.frozen.push(t.0);
-                    continue;
                 }
-                Some(Some(Waited::Stopped(s))) => Some(Some(s)),
-                Some(None) => Some(None),
-                None => None,
-            };
-            match waited {
-                Some(Some((sig, job_stop))) => {
+                Some(Some(Waited::Stopped((sig, job_stop)))) => {
                     self.started.get_or_insert_with(Instant::now);
                     self.reached.push(t.0);
                     if job_stop {

@@ -323,7 +323,7 @@ impl RunStates {
 
     /// Events per thread (see the module's doc), for every thread there is now.
     fn open_per_thread(pid: i32) -> Result<RunStates, RunStatesError> {
-        let tids = thread_ids(pid);
+        let tids = super::thread_ids(pid);
         let mut rs = RunStates { states: true, ..RunStates::holders(pid) };
         let mut first_err = None;
         for &tid in &tids {
@@ -353,9 +353,8 @@ impl RunStates {
         for &cpu in &rs.cpus {
             rs.rings.push(Ring::map(open_event(-1, cpu).ok()?).ok()?);
         }
-        rs.stats.cpu_wide = true;
         // States read after the events exist: a switch from here on is seen.
-        for tid in thread_ids(pid) {
+        for tid in super::thread_ids(pid) {
             rs.read_proc(tid);
         }
         rs.stats.threads = rs.seen.len();
@@ -582,16 +581,8 @@ impl RunStates {
     }
 
     pub fn stats(&self) -> RunStatesStats {
-        self.stats
+        RunStatesStats { cpu_wide: self.wide, ..self.stats }
     }
-}
-
-/// The threads of `pid` now, in order; none if it is gone.
-fn thread_ids(pid: i32) -> Vec<i32> {
-    let mut tids: Vec<i32> =
-        std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()).unwrap_or_default();
-    tids.sort_unstable();
-    tids
 }
 
 /// `tid` = -1: every task on `cpu`.
