@@ -271,8 +271,11 @@ const MAX_PARALLEL: usize = 64;
 /// up to more than a tick (16 workers got 1–2 of 100 Hz). So such sessions
 /// are snapshotted each on its own thread, all stops asked for at once. A
 /// session is wholly handled by one thread within the tick (ptrace's tracer
-/// is the thread that seized, and nothing stays seized between ticks), and
-/// each snapshot is still of the instant its own stop chose.
+/// is the thread that seized), and each snapshot is still of the instant
+/// its own stop chose. A holder frozen by one thread and not yet let go
+/// (`ptrace::Stopped::add_or_freeze`) stays seized by that thread, which
+/// no other may seize again: so this thread lets go of its frozen holders
+/// before the others start, and each of them of its own before it ends.
 ///
 /// Only then: when context-switch records prove holders off CPU, exact
 /// sampling stops only holders on a CPU, which stop within microseconds,
@@ -292,6 +295,7 @@ fn snapshot_all(sessions: &mut [Session], needs: SnapshotNeeds) -> Vec<(crate::e
     }
     crate::process::ptrace::set_spin_for_stops(false);
     crate::process::ptrace::block_sigchld();
+    crate::process::ptrace::release_all_frozen();
     let mut out = Vec::with_capacity(sessions.len());
     for chunk in sessions.chunks_mut(MAX_PARALLEL) {
         let Some((first, rest)) = chunk.split_first_mut() else { continue };
@@ -303,7 +307,9 @@ fn snapshot_all(sessions: &mut [Session], needs: SnapshotNeeds) -> Vec<(crate::e
                 .map(|s| {
                     scope.spawn(move || {
                         crate::process::ptrace::set_shared_waits(true);
-                        one(s)
+                        let r = one(s);
+                        crate::process::ptrace::release_all_frozen();
+                        r
                     })
                 })
                 .collect();
