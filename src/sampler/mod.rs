@@ -442,7 +442,8 @@ pub fn run(
                 note_gc_frames(sessions, &mut stats);
             }
         }
-        if elapsed - last_progress >= Duration::from_millis(100) {
+        // Saturating: the clock starts again after the cold first tick.
+        if elapsed.saturating_sub(last_progress) >= Duration::from_millis(100) {
             last_progress = elapsed;
             stats.elapsed = elapsed;
             stats.late = timer.late;
