@@ -44,7 +44,8 @@ pub struct Session {
 
 /// A session's first snapshots stop its GIL holder before any of its
 /// context switches are known (the holder's events open at the first), so
-/// they may wait for a CPU: see [`Session::waits_for_cpus`].
+/// they may wait for a CPU: see [`Session::waits_for_cpus`]. Not so when
+/// the shared CPU-wide tracker runs ([`crate::process::occupancy`]).
 const COLD_SNAPSHOTS: u32 = 2;
 
 impl Session {
@@ -126,7 +127,9 @@ impl Session {
     /// them, it stops only a holder on a CPU, which stops at once.
     pub fn waits_for_cpus(&self) -> bool {
         let exact = self.freezer.sampling == crate::freeze::Sampling::Exact;
-        self.native.is_some() || (exact && (self.snapshots < COLD_SNAPSHOTS || !self.attached.target.follows_holders()))
+        let target = &self.attached.target;
+        let cold = self.snapshots < COLD_SNAPSHOTS && !target.proves_holders_from_the_start();
+        self.native.is_some() || (exact && (cold || !target.follows_holders()))
     }
 
     /// Whether a fork child attached from its parent's session has exec'd

@@ -2,9 +2,12 @@
 //! path resolution through `/proc/PID/root`, so a process in a container or a
 //! chroot is handled exactly like any other.
 
+#[cfg(test)]
+pub mod cpu_hog;
 pub mod maps;
 pub mod memory;
 pub mod new_pids;
+pub mod occupancy;
 pub mod prefetch;
 pub mod ptrace;
 pub mod replay;
@@ -29,6 +32,9 @@ pub struct Target {
     run_states_tried: std::cell::Cell<bool>,
     /// Whether [`Target::track_holders`] was tried (it is tried once).
     holders_tried: std::cell::Cell<bool>,
+    /// Holders are proven off CPU by the recording's shared CPU-wide
+    /// tracker ([`occupancy`]), not by a tracker of this process's own.
+    shared_holders: std::cell::Cell<bool>,
 }
 
 /// A copy starts with no open files and no perf events of its own.
@@ -41,6 +47,7 @@ impl Clone for Target {
             run_states: Default::default(),
             run_states_tried: Default::default(),
             holders_tried: Default::default(),
+            shared_holders: Default::default(),
         }
     }
 }
@@ -76,6 +83,7 @@ impl Target {
             run_states: Default::default(),
             run_states_tried: Default::default(),
             holders_tried: Default::default(),
+            shared_holders: Default::default(),
         })
     }
 
@@ -110,23 +118,40 @@ impl Target {
     /// waiting for a CPU is read where it stands instead of being stopped,
     /// which would wait for it to get a CPU (`freeze`). Whether a tracker
     /// runs (one made for `--mode cpu` serves too).
+    /// The shared CPU-wide tracker when the kernel allows it (it proves a
+    /// holder off CPU before any switch of its own is seen), else one of
+    /// this process's holders.
     pub fn track_holders(&self) -> bool {
         if !self.holders_tried.replace(true) && self.run_states.borrow().is_none() {
-            *self.run_states.borrow_mut() = Some(run_states::RunStates::holders(self.pid));
+            if occupancy::available() {
+                self.shared_holders.set(true);
+            } else {
+                *self.run_states.borrow_mut() = Some(run_states::RunStates::holders(self.pid));
+            }
         }
-        self.run_states.borrow().is_some()
+        self.shared_holders.get() || self.run_states.borrow().is_some()
     }
 
     /// `tid` is proven off every CPU as of the last poll: its switch-in
-    /// count for [`Target::ran_since`]. See [`run_states::RunStates::off_cpu`].
+    /// count for [`Target::ran_since`]. See [`run_states::RunStates::off_cpu`]
+    /// and [`occupancy::Occupancy::off_cpu`].
     pub fn off_cpu(&self, tid: i32) -> Option<u32> {
-        self.run_states.borrow_mut().as_mut()?.off_cpu(tid)
+        if let Some(rs) = self.run_states.borrow_mut().as_mut() {
+            return rs.off_cpu(tid);
+        }
+        if !self.shared_holders.get() {
+            return None;
+        }
+        occupancy::with(|o| o.off_cpu(tid)).flatten()
     }
 
     /// Whether `tid`, off every CPU with `ins` switch-ins, may have run
     /// since, as of the last poll (true when nothing follows it).
     pub fn ran_since(&self, tid: i32, ins: u32) -> bool {
-        self.run_states.borrow().as_ref().is_none_or(|rs| rs.ran_since(tid, ins))
+        if let Some(rs) = self.run_states.borrow().as_ref() {
+            return rs.ran_since(tid, ins);
+        }
+        !self.shared_holders.get() || occupancy::with(|o| o.ran_since(tid, ins)).unwrap_or(true)
     }
 
     /// Take in the context switches since the last call; once per tick,
@@ -135,14 +160,23 @@ impl Target {
         if let Some(rs) = self.run_states.borrow_mut().as_mut() {
             rs.poll();
         }
+        if self.shared_holders.get() {
+            occupancy::with(occupancy::Occupancy::poll);
+        }
     }
 
-    /// Whether holders are proven off CPU by their context switches (so
-    /// exact sampling stops only threads that are on a CPU): the tracker
-    /// of [`Target::track_holders`] runs, or will once there is a holder,
-    /// and the kernel has not refused it its events.
+    /// Whether holders are proven off CPU by context switches (so exact
+    /// sampling stops only threads that are on a CPU): the tracker of
+    /// [`Target::track_holders`] runs, or will once there is a holder, and
+    /// the kernel has not refused it its events.
     pub fn follows_holders(&self) -> bool {
-        self.track_holders() && self.run_states.borrow().as_ref().is_some_and(|rs| !rs.refused())
+        self.track_holders() && (self.shared_holders.get() || self.run_states.borrow().as_ref().is_some_and(|rs| !rs.refused()))
+    }
+
+    /// Whether a holder may be proven off CPU at this process's very first
+    /// samples: the shared tracker has watched every task since before.
+    pub fn proves_holders_from_the_start(&self) -> bool {
+        self.track_holders() && self.shared_holders.get()
     }
 
     /// What the context-switch tracker has done, if it runs.

@@ -224,7 +224,7 @@ struct Seen {
 }
 
 /// The ring of one CPU, with the event that owns it.
-struct Ring {
+pub(super) struct Ring {
     base: NonNull<u8>,
     len: usize,
     data_offset: usize,
@@ -240,7 +240,7 @@ impl Drop for Ring {
 }
 
 impl Ring {
-    fn map(fd: OwnedFd) -> Result<Ring, RunStatesError> {
+    pub(super) fn map(fd: OwnedFd) -> Result<Ring, RunStatesError> {
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
         let len = page * (1 + RING_PAGES);
@@ -263,6 +263,19 @@ impl Ring {
         // SAFETY: the control page is mapped, 8-aligned words at fixed offsets
         // that the kernel also reads and writes atomically.
         unsafe { &*self.base.as_ptr().add(offset).cast::<AtomicU64>() }
+    }
+
+    /// Hand every record written since the last call to `f`, then give
+    /// their room back to the kernel. False when a record that cannot be
+    /// cut the batch short (the rest is dropped: as good as lost).
+    pub(super) fn take_new(&self, scratch: &mut Vec<u8>, f: impl FnMut(&[u8])) -> bool {
+        // Acquire: the records before head are complete once head is seen.
+        let head = self.word(DATA_HEAD).load(Ordering::Acquire);
+        let tail = self.word(DATA_TAIL).load(Ordering::Relaxed);
+        let end = drain(self.data(), tail, head, scratch, f);
+        // Release: the kernel may overwrite what was read only after the reads.
+        self.word(DATA_TAIL).store(head, Ordering::Release);
+        end == head
     }
 
     fn data(&self) -> &[u8] {
@@ -483,19 +496,11 @@ impl RunStates {
     /// records were lost (then every thread's state is read from `/proc`).
     pub fn poll(&mut self) {
         for i in 0..self.rings.len() {
-            let ring = &self.rings[i];
-            // Acquire: the records before head are complete once head is seen.
-            let head = ring.word(DATA_HEAD).load(Ordering::Acquire);
-            let tail = ring.word(DATA_TAIL).load(Ordering::Relaxed);
             let (pending, pid) = (&mut self.pending, self.pid);
-            let end = drain(ring.data(), tail, head, &mut self.scratch, |rec| pending.extend(parse(rec).filter(|r| r.is_of(pid))));
-            if end != head {
-                // A record that cannot be: the rest is dropped, and the
-                // states re-read as after lost records.
+            if !self.rings[i].take_new(&mut self.scratch, |rec| pending.extend(parse(rec).filter(|r| r.is_of(pid)))) {
+                // The states are re-read as after lost records.
                 self.lost = true;
             }
-            // Release: the kernel may overwrite what was read only after the reads.
-            ring.word(DATA_TAIL).store(head, Ordering::Release);
             let mut pending = std::mem::take(&mut self.pending);
             for r in pending.drain(..) {
                 self.apply(r);
@@ -586,7 +591,7 @@ impl RunStates {
 }
 
 /// `tid` = -1: every task on `cpu`.
-fn open_event(tid: i32, cpu: i32) -> std::io::Result<OwnedFd> {
+pub(super) fn open_event(tid: i32, cpu: i32) -> std::io::Result<OwnedFd> {
     let attr = PerfEventAttr {
         type_: PERF_TYPE_SOFTWARE,
         size: std::mem::size_of::<PerfEventAttr>() as u32,
@@ -605,7 +610,7 @@ fn open_event(tid: i32, cpu: i32) -> std::io::Result<OwnedFd> {
 }
 
 /// The CPUs a thread may run on: /sys's online list, else 0..N.
-fn online_cpus() -> Vec<i32> {
+pub(super) fn online_cpus() -> Vec<i32> {
     if let Some(cpus) = std::fs::read_to_string("/sys/devices/system/cpu/online").ok().and_then(|s| parse_cpu_list(s.trim())) {
         return cpus;
     }
@@ -633,14 +638,17 @@ fn parse_cpu_list(s: &str) -> Option<Vec<i32>> {
 }
 
 #[derive(Debug, PartialEq)]
-enum Record {
+pub(super) enum Record {
     /// `out`: a switch-out; `on_cpu`: running or runnable after it.
+    /// `other`: a CPU-wide switch names the other task too (the one
+    /// switching in after a switch-out, out before a switch-in; 0 is idle).
     Switch {
         pid: i32,
         tid: i32,
         time: u64,
         on_cpu: bool,
         out: bool,
+        other: Option<i32>,
     },
     Exit {
         pid: i32,
@@ -665,7 +673,7 @@ impl Record {
 /// grow; the ring holds them modulo its size) to `f`, copying one that
 /// wraps around the end into `scratch`. Returns how far it got: `head`, or
 /// short of it at a record that cannot be (size 0 or past `head`).
-fn drain(data: &[u8], mut tail: u64, head: u64, scratch: &mut Vec<u8>, mut f: impl FnMut(&[u8])) -> u64 {
+pub(super) fn drain(data: &[u8], mut tail: u64, head: u64, scratch: &mut Vec<u8>, mut f: impl FnMut(&[u8])) -> u64 {
     let size = data.len() as u64;
     if size == 0 || head.wrapping_sub(tail) > size {
         return tail;
@@ -693,14 +701,14 @@ fn drain(data: &[u8], mut tail: u64, head: u64, scratch: &mut Vec<u8>, mut f: im
 
 /// One record, as far as run states go; None for the kinds not asked for
 /// or a record too short for its kind.
-fn parse(rec: &[u8]) -> Option<Record> {
+pub(super) fn parse(rec: &[u8]) -> Option<Record> {
     let u32_at = |i: usize| rec.get(i..i + 4).map(|b| u32::from_ne_bytes(b.try_into().unwrap_or_default()));
     let u64_at = |i: usize| rec.get(i..i + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
     let kind = u32_at(0)?;
     let misc = u16::from_ne_bytes([*rec.get(4)?, *rec.get(5)?]);
     match kind {
         // A CPU-wide switch adds {next_prev_pid, next_prev_tid}: the other
-        // task of the switch, not needed here.
+        // task of the switch.
         PERF_RECORD_SWITCH | PERF_RECORD_SWITCH_CPU_WIDE => {
             // sample_id_all puts {pid, tid} then {time} at the end: the
             // task switching, in both kinds.
@@ -709,7 +717,8 @@ fn parse(rec: &[u8]) -> Option<Record> {
             let tid = u32_at(n + 4)? as i32;
             let time = u64_at(n + 8)?;
             let out = misc & PERF_RECORD_MISC_SWITCH_OUT != 0;
-            Some(Record::Switch { pid, tid, time, on_cpu: !out || misc & PERF_RECORD_MISC_SWITCH_OUT_PREEMPT != 0, out })
+            let other = if kind == PERF_RECORD_SWITCH_CPU_WIDE { Some(u32_at(12)? as i32) } else { None };
+            Some(Record::Switch { pid, tid, time, on_cpu: !out || misc & PERF_RECORD_MISC_SWITCH_OUT_PREEMPT != 0, out, other })
         }
         // {pid, ppid, tid, ptid, time}, then the sample id.
         PERF_RECORD_EXIT => Some(Record::Exit { pid: u32_at(8)? as i32, tid: u32_at(16)? as i32 }),
@@ -739,16 +748,16 @@ mod tests {
 
     #[test]
     fn parses_switches_exits_and_losses() {
-        assert_eq!(parse(&switch(9, 5, 0)), Some(Record::Switch { pid: 7, tid: 9, time: 5, on_cpu: true, out: false }));
-        assert_eq!(parse(&switch(9, 6, 0x2000)), Some(Record::Switch { pid: 7, tid: 9, time: 6, on_cpu: false, out: true }));
-        assert_eq!(parse(&switch(9, 7, 0x6000)), Some(Record::Switch { pid: 7, tid: 9, time: 7, on_cpu: true, out: true }));
+        assert_eq!(parse(&switch(9, 5, 0)), Some(Record::Switch { pid: 7, tid: 9, time: 5, on_cpu: true, out: false, other: None }));
+        assert_eq!(parse(&switch(9, 6, 0x2000)), Some(Record::Switch { pid: 7, tid: 9, time: 6, on_cpu: false, out: true, other: None }));
+        assert_eq!(parse(&switch(9, 7, 0x6000)), Some(Record::Switch { pid: 7, tid: 9, time: 7, on_cpu: true, out: true, other: None }));
         assert_eq!(parse(&switch(9, 7, 0)[..12]), None);
         // CPU-wide: the other task of the switch comes first, then the same sample id.
         let mut wide = switch(9, 8, 0x2000);
         wide[0..4].copy_from_slice(&PERF_RECORD_SWITCH_CPU_WIDE.to_ne_bytes());
         wide[6..8].copy_from_slice(&32u16.to_ne_bytes());
         wide.splice(8..8, [3u32, 4u32].iter().flat_map(|v| v.to_ne_bytes()));
-        assert_eq!(parse(&wide), Some(Record::Switch { pid: 7, tid: 9, time: 8, on_cpu: false, out: true }));
+        assert_eq!(parse(&wide), Some(Record::Switch { pid: 7, tid: 9, time: 8, on_cpu: false, out: true, other: Some(4) }));
         assert!(parse(&wide).unwrap().is_of(7) && !parse(&wide).unwrap().is_of(3));
         assert_eq!(parse(&wide[..24]), None);
         assert_eq!(parse(&[1, 2, 3]), None);

@@ -1,0 +1,236 @@
+//! Which task each CPU runs, from the kernel's CPU-wide context-switch
+//! records: one tracker for the whole recording, shared by every process
+//! sampled, so that exact sampling can prove a GIL holder off every CPU
+//! the moment a process is first sampled, not only once its own switches
+//! have been seen.
+//!
+//! Why: a holder proven off CPU is read where it stands instead of stopped
+//! (a stop would wait for it to get a CPU; see `freeze`). The per-process
+//! tracker ([`super::run_states`]) proves it only from the holder's own
+//! switch-out, seen after its events opened at the process's first sample.
+//! A worker just forked by a pre-fork server, waiting for its turn on a
+//! busy CPU, has none: its first two snapshots waited 50-60 ms for it, and
+//! the tick with them, for every other process (16 workers pinned to one
+//! CPU, one replaced a second: 266 ticks skipped in 5 s).
+//!
+//! Here a thread is off CPU when its own last record is a switch-out, or
+//! when every CPU's current task is known (the last record of that CPU's
+//! ring names it: the task switched in, or the one coming in after a
+//! switch-out) and none is the thread. A thread cannot run a user
+//! instruction before its switch-in is recorded, so once it is proven off
+//! after it was asked to stop, it stays where it stood. A CPU with no
+//! record yet (none since the rings opened, or records lost) proves
+//! nothing for threads not otherwise known; one whose current task is
+//! known stays known.
+//!
+//! Needs the kernel's leave to watch every task (`perf_event_paranoid` ≤ 0,
+//! CAP_PERFMON or root); without it, the per-process trackers go on alone.
+
+// Asked at every stop: a cheap hash, not SipHash.
+use rustc_hash::FxHashMap as HashMap;
+use std::sync::Mutex;
+
+use super::run_states::{Record, Ring, online_cpus, open_event, parse};
+
+/// Threads remembered at most: every task of the machine that switched is
+/// remembered until it exits; past this, the oldest knowledge is dropped
+/// (then only the CPUs' current tasks prove anything for them).
+const MAX_THREADS: usize = 1 << 16;
+
+pub struct Occupancy {
+    /// One ring per online CPU, each written by that CPU's event alone.
+    rings: Vec<Ring>,
+    /// Per ring: the task on its CPU as of its last record (0: idle); None
+    /// until a record comes, and after records were lost.
+    current: Vec<Option<i32>>,
+    /// Per thread that switched since the rings opened: whether its last
+    /// record is a switch-out, and its switch-ins so far.
+    threads: HashMap<i32, Seen>,
+    scratch: Vec<u8>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    off: bool,
+    /// Time of the record `off` comes from: a thread's records come from
+    /// the rings of every CPU it ran on, read one ring after another, so
+    /// an older switch-out may be read after a newer switch-in.
+    time: u64,
+    /// Switch-ins, for [`Occupancy::ran_since`]: one more means it ran.
+    ins: u32,
+}
+
+// SAFETY: the rings are owned mappings of this value only; nothing else
+// holds their addresses.
+unsafe impl Send for Occupancy {}
+
+/// The tracker of this recording: not tried yet, refused, or open.
+enum Shared {
+    Untried,
+    Refused,
+    Open(Box<Occupancy>),
+}
+
+static SHARED: Mutex<Shared> = Mutex::new(Shared::Untried);
+
+/// Run `f` on the shared tracker, opened at the first call; None when the
+/// kernel refuses it CPU-wide events.
+pub fn with<R>(f: impl FnOnce(&mut Occupancy) -> R) -> Option<R> {
+    let mut shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+    if matches!(*shared, Shared::Untried) {
+        *shared = Occupancy::open().map_or(Shared::Refused, |o| Shared::Open(Box::new(o)));
+    }
+    match &mut *shared {
+        Shared::Open(o) => Some(f(o)),
+        _ => None,
+    }
+}
+
+/// Whether the shared tracker runs (opening it if not tried yet).
+pub fn available() -> bool {
+    with(|_| ()).is_some()
+}
+
+impl Occupancy {
+    /// One event per online CPU for every task there; None when refused.
+    pub fn open() -> Option<Occupancy> {
+        let mut rings = Vec::new();
+        for cpu in online_cpus() {
+            rings.push(Ring::map(open_event(-1, cpu).ok()?).ok()?);
+        }
+        let current = vec![None; rings.len()];
+        Some(Occupancy { rings, current, threads: HashMap::default(), scratch: Vec::new() })
+    }
+
+    /// Take in the switches recorded since the last poll (memory only).
+    pub fn poll(&mut self) {
+        for i in 0..self.rings.len() {
+            let (threads, current, scratch) = (&mut self.threads, &mut self.current[i], &mut self.scratch);
+            let mut lost = false;
+            let whole = self.rings[i].take_new(scratch, |rec| match parse(rec) {
+                Some(Record::Switch { tid, out, other, time, .. }) => {
+                    *current = if out { other } else { Some(tid) };
+                    if threads.len() >= MAX_THREADS && !threads.contains_key(&tid) {
+                        threads.clear();
+                    }
+                    let seen = threads.entry(tid).or_default();
+                    if time >= seen.time {
+                        (seen.off, seen.time) = (out, time);
+                    }
+                    seen.ins = seen.ins.wrapping_add(u32::from(!out));
+                }
+                Some(Record::Exit { tid, .. }) => {
+                    threads.remove(&tid);
+                }
+                Some(Record::Lost { .. }) => lost = true,
+                None => {}
+            });
+            if lost || !whole {
+                // Switches of this CPU went missing: who runs there, and
+                // whether a thread switched in, is no longer known.
+                self.current[i] = None;
+                self.threads.clear();
+            }
+        }
+    }
+
+    /// `tid` is proven on no CPU as of the last [`poll`](Self::poll): its
+    /// switch-in count for [`ran_since`](Self::ran_since). None when not proven.
+    pub fn off_cpu(&mut self, tid: i32) -> Option<u32> {
+        let own = self.threads.get(&tid).is_some_and(|s| s.off);
+        if own || self.current.iter().all(|c| c.is_some_and(|t| t != tid)) {
+            // Remembered from here on, so that a switch-in counts.
+            let seen = *self.threads.entry(tid).or_default();
+            return Some(seen.ins);
+        }
+        None
+    }
+
+    /// Whether `tid`, proven off CPU with `ins` switch-ins, may have run
+    /// since, as of the last poll (true when its records are not whole).
+    pub fn ran_since(&self, tid: i32, ins: u32) -> bool {
+        self.threads.get(&tid).is_none_or(|s| s.ins != ins)
+    }
+
+    /// CPUs whose current task is known.
+    pub fn known_cpus(&self) -> usize {
+        self.current.iter().filter(|c| c.is_some()).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn pin_self(cpu: usize) {
+        // SAFETY: a zeroed cpu_set_t is a valid empty set; pid 0 is this thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+
+    /// A thread that blocked before the rings opened (so none of its own
+    /// switches is seen) is proven off once every CPU has switched; a
+    /// thread that holds a CPU never is; a proven thread that runs is
+    /// caught by `ran_since`.
+    #[test]
+    fn proves_threads_off_cpu_from_the_cpus_current_tasks() {
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let sleeper = std::thread::spawn(move || {
+            tid_tx.send(nix::unistd::gettid().as_raw()).unwrap();
+            go_rx.recv().ok();
+        });
+        let sleeper_tid = tid_rx.recv().unwrap();
+        while crate::process::task_state(std::process::id() as i32, sleeper_tid) != Some('S') {
+            std::thread::yield_now();
+        }
+        let Some(mut occ) = Occupancy::open() else {
+            eprintln!("skipped: the kernel refuses CPU-wide perf events here");
+            return;
+        };
+        assert!(occ.off_cpu(sleeper_tid).is_none(), "proven before any CPU was seen");
+        // A visit to every CPU makes each switch at least once.
+        let cpus = online_cpus();
+        let last = *cpus.last().unwrap() as usize;
+        std::thread::spawn(move || cpus.iter().for_each(|&c| pin_self(c as usize))).join().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let ins = loop {
+            occ.poll();
+            if let Some(ins) = occ.off_cpu(sleeper_tid) {
+                break ins;
+            }
+            assert!(Instant::now() < deadline, "a blocked thread never proven off CPU ({} of {} CPUs known)", occ.known_cpus(), occ.rings.len());
+            std::thread::sleep(Duration::from_millis(1));
+        };
+
+        assert!(!occ.ran_since(sleeper_tid, ins), "a blocked thread seen running");
+
+        // A real-time spinner holds its CPU: off it only while the kernel
+        // lends it to starved tasks (a few % of the time at most).
+        let cpu = crate::process::cpu_hog::one_at_a_time();
+        if let Some(hog) = crate::process::cpu_hog::Hog::on(last) {
+            let mut off = 0;
+            for _ in 0..50 {
+                occ.poll();
+                off += usize::from(occ.off_cpu(hog.tid()).is_some());
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            assert!(off < 10, "a thread that holds its CPU proven off it {off} times in 50");
+        }
+        drop(cpu);
+
+        go_tx.send(()).unwrap();
+        sleeper.join().unwrap();
+        occ.poll();
+        assert!(
+            occ.ran_since(sleeper_tid, ins),
+            "a thread that woke and exited not seen running: proven with {ins}, now {:?}, current {:?}",
+            occ.threads.get(&sleeper_tid).map(|s| (s.off, s.ins)),
+            occ.current
+        );
+    }
+}
