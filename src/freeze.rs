@@ -31,7 +31,7 @@ use std::time::Duration;
 use crate::attach::Attached;
 use crate::error::Result;
 use crate::process::memory::RemoteMemory;
-use crate::process::ptrace::Stopped;
+use crate::process::ptrace::{STOP_TIMEOUT, Stopped};
 use crate::python::gil::{GilState, GilWords, gil_words, read_gils};
 use crate::python::snapshot::{Check, SnapshotNeeds, Snapshotter, Source};
 use crate::stack::ThreadStack;
@@ -72,6 +72,9 @@ pub struct AcquireStats {
     pub ran: u64,
     /// Thread stacks that moved while read (`--nonblocking` only).
     pub torn: u64,
+    /// Snapshots put off to a later tick: a holder halfway through a frame
+    /// update waited for a CPU to step on or to stop (see [`Freezer::may_defer`]).
+    pub deferred: u64,
     /// Time the target had a thread held stopped, in total and at most.
     pub pause: Duration,
     pub pause_max: Duration,
@@ -88,6 +91,7 @@ impl AcquireStats {
         self.off_cpu += o.off_cpu;
         self.ran += o.ran;
         self.torn += o.torn;
+        self.deferred += o.deferred;
         self.pause += o.pause;
         self.pause_max = self.pause_max.max(o.pause_max);
     }
@@ -114,6 +118,30 @@ impl Steps {
     /// by the next burst of instructions. False when there is none, the
     /// budget is spent, or a thread would not stop again: then `threads`
     /// stands as it is.
+    /// As [`Steps::step_half_done`], one instruction, without waiting for
+    /// it: true when every half-done thread is frozen (its stop pending) or
+    /// set stepping, to be looked at later.
+    pub fn start_half_done(&mut self, stopped: &mut Stopped, threads: &[ThreadStack]) -> bool {
+        if self.taken >= MAX_STEPS {
+            return false;
+        }
+        let half_done: Vec<i32> =
+            threads.iter().filter(|t| t.torn).filter_map(|t| t.native_id).map(|n| n as i32).filter(|&t| stopped.holds_or_freezes(t)).collect();
+        if half_done.is_empty() {
+            return false;
+        }
+        for &t in &half_done {
+            // A frozen one is stepped once it has stopped.
+            if !stopped.is_frozen(t) {
+                if !stopped.start_step(t) {
+                    return false;
+                }
+                self.taken += 1;
+            }
+        }
+        true
+    }
+
     pub fn step_half_done(&mut self, stopped: &mut Stopped, threads: &[ThreadStack]) -> bool {
         let burst = self.taken.max(1);
         if self.taken >= MAX_STEPS {
@@ -163,7 +191,42 @@ pub struct Freezer {
     /// the same, only that holder can have run Python since.
     proof: Option<(u64, u64)>,
     pub stats: AcquireStats,
+    /// Whether a snapshot may be put off to a later tick: the caller's
+    /// thread, the holders' tracer, is the one that takes the next tick.
+    /// For a holder held halfway through a frame update, which must be
+    /// stepped an instruction or a few to be read: a step needs a CPU, and
+    /// so does a frozen holder's stop (on no CPU, its stop pending). Most
+    /// steps stop again within microseconds, on the CPU the thread just
+    /// left; but on a busy machine a thread let go of its CPU waits its
+    /// turn for another, tens of milliseconds that the tick would wait for
+    /// every process sampled (16 workers pinned to one CPU: 60 ms a few
+    /// times a second). So a step that has not stopped within [`STEP_LOOK`]
+    /// (or a frozen holder's stop) is left to come; at each tick after, it
+    /// is looked at without waiting, and once it has stopped the snapshot
+    /// is read (stepped on if need be) and counts for the tick it was taken
+    /// at. The ticks in between take no sample of this process: it stands
+    /// held in that state, and counting it there would count the hold.
+    pub may_defer: bool,
+    pending: Option<Pending>,
 }
+
+/// A snapshot put off (see [`Freezer::may_defer`]).
+struct Pending {
+    /// Its threads, held or on their way to a stop.
+    held: Stopped,
+    since: std::time::Instant,
+    /// Instructions stepped so far.
+    steps: u32,
+}
+
+/// How long a step is waited for before the snapshot is put off: a thread
+/// with a CPU to take it on stops again in tens of microseconds.
+const STEP_LOOK: Duration = Duration::from_millis(1);
+
+/// How long a snapshot may be put off; past this it waits as it would have
+/// (a holder starved of a CPU that long is the exception, and its
+/// process's profile should not go empty).
+const MAX_DEFER: Duration = Duration::from_millis(100);
 
 impl Freezer {
     pub fn new(sampling: Sampling) -> Freezer {
@@ -179,11 +242,20 @@ impl Freezer {
             self.stats.torn += threads.iter().filter(|t| t.torn).count() as u64;
             return Ok(threads);
         }
+        if let Some(mut p) = self.pending.take() {
+            let defer = self.may_defer && p.since.elapsed() < MAX_DEFER;
+            if !p.held.settle_frozen(if defer { Duration::ZERO } else { STOP_TIMEOUT }) && defer {
+                self.pending = Some(p);
+                return Ok(Vec::new());
+            }
+            self.read_gils(a, python)?;
+            return self.stopped_snapshot(a, python, needs, false, Some(p));
+        }
         // A single-threaded program holds the GIL nearly always: stop its
         // thread straight away; the GIL's words, checked after the read
         // as always, say whether that was right (a call saved per sample).
         if self.solo {
-            return self.stopped_snapshot(a, python, needs, true);
+            return self.stopped_snapshot(a, python, needs, true, None);
         }
         self.read_gils(a, python)?;
         if !self.gils.iter().any(GilState::held) {
@@ -206,7 +278,7 @@ impl Freezer {
             self.stats.moved += 1;
             self.read_gils(a, python)?;
         }
-        self.stopped_snapshot(a, python, needs, false)
+        self.stopped_snapshot(a, python, needs, false, None)
     }
 
     /// Read every stack while the target runs, before the GIL holder is
@@ -275,10 +347,31 @@ impl Freezer {
     /// Stop each GIL's last holder, read, and check no other thread took a
     /// GIL meanwhile; if one did, stop it too and read again. `guessed`:
     /// the GIL words are the last tick's, not read before this stop.
-    fn stopped_snapshot(&mut self, a: &Attached, python: &mut Snapshotter, needs: SnapshotNeeds, guessed: bool) -> Result<Vec<ThreadStack>> {
+    pub fn has_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Drop a snapshot put off: its frozen threads are let go once they stop.
+    pub fn cancel_pending(&mut self) {
+        self.pending = None;
+    }
+
+    /// `resumed`: a snapshot put off, whose threads are held still (see
+    /// [`Freezer::may_defer`]).
+    fn stopped_snapshot(
+        &mut self,
+        a: &Attached,
+        python: &mut Snapshotter,
+        needs: SnapshotNeeds,
+        guessed: bool,
+        resumed: Option<Pending>,
+    ) -> Result<Vec<ThreadStack>> {
         let pid = a.target.pid;
         let src = Source { mem: &a.mem, interp: &a.interp, target: Some(&a.target) };
-        let mut stopped = Stopped::none(pid);
+        let (mut stopped, steps_before, resumed_at) = match resumed {
+            Some(p) => (p.held, p.steps, Some(p.since)),
+            None => (Stopped::none(pid), 0, None),
+        };
         self.running.clear();
         self.idle.clear();
         self.unheld.clear();
@@ -418,7 +511,20 @@ impl Freezer {
                 self.fixed.clear();
                 self.fixed.extend(self.words.iter().zip(&self.gils).map(|(w, g)| (w.holder, g.holder)));
             }
-            let mut steps = Steps::default();
+            let mut steps = Steps { taken: steps_before };
+            let since = resumed_at.unwrap_or_else(std::time::Instant::now);
+            if ok && self.may_defer && !needs.on_cpu && self.gils.len() == 1 && since.elapsed() < MAX_DEFER && steps.start_half_done(&mut stopped, &threads) {
+                if !stopped.settle_frozen(STEP_LOOK) {
+                    python.discard(threads);
+                    self.stats.deferred += u64::from(steps_before == 0 && resumed_at.is_none());
+                    self.proof = None;
+                    self.pending = Some(Pending { held: stopped, since, steps: steps.taken });
+                    return Ok(Vec::new());
+                }
+                python.discard(threads);
+                threads = python.stacks(src, needs, Check { frozen: true, fixed: &self.fixed, quiet })?;
+                ok = python.fixed_held();
+            }
             while ok && steps.step_half_done(&mut stopped, &threads) {
                 python.discard(threads);
                 threads = python.stacks(src, needs, Check { frozen: true, fixed: &self.fixed, quiet })?;

@@ -264,6 +264,24 @@ impl Session {
         Ok(threads)
     }
 
+    /// Whether the next snapshot may be put off to a later tick (see
+    /// `freeze::Freezer::may_defer`): only when this thread takes the next
+    /// tick too, as the threads it holds meanwhile are traced by it.
+    pub fn set_may_defer(&mut self, may: bool) {
+        self.freezer.may_defer = may;
+    }
+
+    /// Whether a snapshot put off holds threads of this session, which only
+    /// the thread that took it may let go of.
+    pub fn has_pending(&self) -> bool {
+        self.freezer.has_pending()
+    }
+
+    /// Let go of what a snapshot put off holds, its ticks not counted.
+    pub fn cancel_pending(&mut self) {
+        self.freezer.cancel_pending();
+    }
+
     /// Hand a snapshot's stacks back once they have been used, so the next
     /// snapshot reuses their memory.
     pub fn recycle(&mut self, threads: Vec<ThreadStack>) {

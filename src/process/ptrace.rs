@@ -30,7 +30,7 @@ pub struct Regs {
 /// How long to wait for one thread to reach its stop. A thread in an
 /// uninterruptible sleep (disk I/O) stops only when it returns to user space;
 /// past this it is released and sampled without native frames.
-const STOP_TIMEOUT: Duration = Duration::from_millis(100);
+pub const STOP_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Exit statuses of processes our own waitpid happened to reap (a launched
 /// child whose main thread we were stopping as it exited). `record` asks here
@@ -88,6 +88,58 @@ impl Stopped {
 
     pub fn is_empty(&self) -> bool {
         self.threads.is_empty()
+    }
+
+    /// Whether `tid` is frozen (interrupted, on no CPU) and has not
+    /// reached its stop yet: it cannot be stepped until it does.
+    pub fn is_frozen(&self, tid: i32) -> bool {
+        self.frozen.contains(&tid)
+    }
+
+    /// Take in the stops that frozen threads have reached, waiting up to
+    /// `wait` for them (zero: one look). True when none is left frozen;
+    /// the held time then counts from now, as until its stop a frozen
+    /// thread had no CPU to be kept from.
+    pub fn settle_frozen(&mut self, wait: Duration) -> bool {
+        let until = Instant::now() + wait;
+        let frozen = std::mem::take(&mut self.frozen);
+        for tid in frozen {
+            match wait_stop_kind_until(self.pid, tid, until, false) {
+                Some(Some((sig, job_stop))) => {
+                    self.reached.push(tid);
+                    if job_stop {
+                        self.job_stopped.push(tid);
+                    }
+                    if let Some(t) = self.threads.iter_mut().find(|t| t.0 == tid) {
+                        t.2 = sig;
+                    }
+                }
+                Some(None) => self.frozen.push(tid),
+                // Gone.
+                None => {}
+            }
+        }
+        if self.frozen.is_empty() {
+            self.started = Some(Instant::now());
+        }
+        self.frozen.is_empty()
+    }
+
+    /// Set held thread `tid` running one machine instruction, without
+    /// waiting for it: it counts as frozen (see [`Stopped::settle_frozen`])
+    /// until its step's stop is taken in. False (and held as it is) when
+    /// it stands at a system call or the step was refused.
+    pub fn start_step(&mut self, tid: i32) -> bool {
+        if !self.holds(tid) || in_or_at_syscall(tid) {
+            return false;
+        }
+        // SAFETY: no pointers.
+        if unsafe { libc::ptrace(libc::PTRACE_SINGLESTEP, tid, 0usize, 0usize) } != 0 {
+            return false;
+        }
+        self.reached.retain(|&t| t != tid);
+        self.frozen.push(tid);
+        true
     }
 
     /// Let held thread `tid` run `n` more machine instructions
@@ -582,21 +634,34 @@ pub fn stop_threads(pid: i32, tids: &[i32]) -> Result<Stopped> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use crate::process::cpu_hog::pin;
 
     fn status_field(pid: i32, key: &str) -> Option<String> {
         let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
         s.lines().find_map(|l| l.strip_prefix(key)).map(|v| v.trim().to_string())
     }
 
-    fn pin(tid: i32, cpu: usize) {
-        // SAFETY: a zeroed cpu_set_t is empty; CPU_SET stays within it.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            assert_eq!(libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set), 0, "pin {tid}");
+    /// A busy shell loop, killed when dropped.
+    struct Busy(std::process::Child);
+    impl Drop for Busy {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
         }
+    }
+    impl Busy {
+        fn on(cpu: usize) -> Busy {
+            let child = Busy(std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap());
+            pin(child.pid(), cpu);
+            child
+        }
+        fn pid(&self) -> i32 {
+            self.0.id() as i32
+        }
+    }
+
+    fn last_cpu() -> usize {
+        std::thread::available_parallelism().map_or(1, |n| n.get()) - 1
     }
 
     /// A busy child kept off its CPU (a real-time spinner holds that CPU)
@@ -605,58 +670,28 @@ mod tests {
     /// the next release lets it go, running again and traced by no one.
     #[test]
     fn a_frozen_thread_is_let_go_once_it_stops() {
-        let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
-        struct Killed(std::process::Child);
-        impl Drop for Killed {
-            fn drop(&mut self) {
-                let _ = self.0.kill();
-                let _ = self.0.wait();
+        let _cpu = crate::process::cpu_hog::one_at_a_time();
+        let child = Busy::on(last_cpu());
+        let pid = child.pid();
+        let Some(hog) = crate::process::cpu_hog::Hog::on(last_cpu()) else { return };
+        // The kernel lends a real-time hog's CPU to starved tasks now and
+        // then: a child that stopped had it lent, and is tried again.
+        let mut tries = 0;
+        let stopped = loop {
+            let mut stopped = Stopped::none(pid);
+            stopped.add_or_freeze(&[pid], &mut |_| true).unwrap();
+            tries += 1;
+            if !stopped.holds(pid) || tries == 5 {
+                break stopped;
             }
-        }
-        let child = Killed(std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap());
-        let pid = child.0.id() as i32;
-        pin(pid, cpu);
-        let stop = Arc::new(AtomicBool::new(false));
-        // Whatever fails below, the spinner stops and the CPU comes back.
-        struct Release(Arc<AtomicBool>);
-        impl Drop for Release {
-            fn drop(&mut self) {
-                self.0.store(true, Ordering::Relaxed);
-            }
-        }
-        let _release = Release(stop.clone());
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let spinner = {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                pin(0, cpu);
-                let param = libc::sched_param { sched_priority: 1 };
-                // SAFETY: valid param for this thread.
-                let rt = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0;
-                ready_tx.send(rt).unwrap();
-                let end = Instant::now() + Duration::from_secs(2);
-                while rt && !stop.load(Ordering::Relaxed) && Instant::now() < end {
-                    std::hint::spin_loop();
-                }
-            })
         };
-        if !ready_rx.recv().unwrap() {
-            eprintln!("skipped: SCHED_FIFO not allowed here (needs root or CAP_SYS_NICE)");
-            spinner.join().unwrap();
-            return;
-        }
-        // The spinner has the CPU: the child waits for it from here on.
-        std::thread::sleep(Duration::from_millis(20));
-        let mut stopped = Stopped::none(pid);
-        stopped.add_or_freeze(&[pid], &mut |_| true).unwrap();
-        assert!(!stopped.holds(pid) && stopped.holds_or_freezes(pid), "the child stopped though it had no CPU");
+        assert!(!stopped.holds(pid) && stopped.holds_or_freezes(pid), "the child stopped though it had no CPU, {tries} times");
         drop(stopped);
         // The tracer is this thread, by its own id.
         // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::gettid() }.to_string();
         assert_eq!(status_field(pid, "TracerPid:").as_deref(), Some(me.as_str()), "let go before it stopped");
-        stop.store(true, Ordering::Relaxed);
-        spinner.join().unwrap();
+        drop(hog);
         let end = Instant::now() + Duration::from_secs(5);
         while FROZEN.with(|f| !f.borrow().is_empty()) {
             assert!(Instant::now() < end, "the frozen child never stopped to be let go");
@@ -667,5 +702,50 @@ mod tests {
         // Running again: busy, not held in a stop.
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(status_field(pid, "State:").as_deref().and_then(|s| s.chars().next()), Some('R'));
+    }
+
+    /// A step set going on a held thread that has no CPU to take it on is
+    /// not waited for: the thread counts as frozen, looking costs nothing,
+    /// and once it gets its CPU it stops after one instruction, held again
+    /// one instruction further on.
+    #[test]
+    fn a_step_started_without_a_cpu_is_taken_in_later() {
+        let _cpu = crate::process::cpu_hog::one_at_a_time();
+        let child = Busy::on(last_cpu());
+        let pid = child.pid();
+        let mut stopped = Stopped::none(pid);
+        stopped.add(&[pid], true).unwrap();
+        assert!(stopped.holds(pid));
+        let before = stopped.regs(pid).expect("registers at the stop");
+        let Some(hog) = crate::process::cpu_hog::Hog::on(last_cpu()) else { return };
+        // A step that came to its stop had the CPU lent (see the test
+        // above): tried again, from one instruction further on.
+        let mut tries = 0;
+        let mut before = before;
+        loop {
+            assert!(stopped.start_step(pid), "the step was refused");
+            assert!(stopped.is_frozen(pid) && !stopped.holds(pid));
+            let looked = Instant::now();
+            let stepped = stopped.settle_frozen(Duration::ZERO);
+            assert!(looked.elapsed() < Duration::from_millis(5), "looking waited {:?}", looked.elapsed());
+            tries += 1;
+            if !stepped || tries == 5 {
+                assert!(!stepped, "stepped with no CPU to step on, {tries} times");
+                break;
+            }
+            before = get_regs(pid).expect("registers after a step");
+        }
+        drop(hog);
+        let end = Instant::now() + Duration::from_secs(5);
+        while !stopped.settle_frozen(Duration::ZERO) {
+            assert!(Instant::now() < end, "the step never came to its stop");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(stopped.holds(pid));
+        // One instruction further: the shell loop moved on, if only by one.
+        let after = get_regs(pid).expect("registers after the step");
+        assert_ne!(before.ip, after.ip, "the step ran no instruction");
+        drop(stopped);
+        assert_eq!(status_field(pid, "TracerPid:").as_deref(), Some("0"));
     }
 }

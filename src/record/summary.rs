@@ -101,14 +101,19 @@ fn describe(a: &AcquireStats, elapsed: std::time::Duration) -> String {
     // Held time only: a stopped thread also pays to stop and to start again.
     let share = if elapsed.is_zero() { 0.0 } else { 100.0 * a.pause.as_secs_f64() / elapsed.as_secs_f64() };
     format!(
-        "sampling: exact; {} of {snapshots} snapshots held the GIL holder still ({mean:.0} µs per snapshot on average, {:.0} µs at most; held {share:.2} % of the time), {} read without a stop while the holder was on no CPU ({} read again with it stopped, as it got one), {} read with the GIL free, {} read again a few µs late because the GIL changed hands, {} stepped a few instructions out of a half-done frame update",
+        "sampling: exact; {} of {snapshots} snapshots held the GIL holder still ({mean:.0} µs per snapshot on average, {:.0} µs at most; held {share:.2} % of the time), {} read without a stop while the holder was on no CPU ({} read again with it stopped, as it got one), {} read with the GIL free, {} read again a few µs late because the GIL changed hands, {} stepped a few instructions out of a half-done frame update{}",
         a.stopped,
         a.pause_max.as_secs_f64() * 1e6,
         a.off_cpu,
         a.ran,
         a.gil_free,
         a.moved,
-        a.stepped
+        a.stepped,
+        if a.deferred > 0 {
+            format!(" ({} of them finished at a later tick, as the holder waited for a CPU to step on or to stop)", a.deferred)
+        } else {
+            String::new()
+        }
     )
 }
 

@@ -291,36 +291,55 @@ fn snapshot_all(sessions: &mut [Session], needs: SnapshotNeeds) -> Vec<(crate::e
     };
     if sessions.len() < 2 || !sessions.iter().any(Session::waits_for_cpus) {
         crate::process::ptrace::set_spin_for_stops(sessions.len() >= 2);
-        return sessions.iter_mut().map(one).collect();
+        // This thread takes the next tick too: a snapshot may be put off.
+        return sessions
+            .iter_mut()
+            .map(|s| {
+                s.set_may_defer(true);
+                one(s)
+            })
+            .collect();
     }
     crate::process::ptrace::set_spin_for_stops(false);
     crate::process::ptrace::block_sigchld();
     crate::process::ptrace::release_all_frozen();
-    let mut out = Vec::with_capacity(sessions.len());
-    for chunk in sessions.chunks_mut(MAX_PARALLEL) {
-        let Some((first, rest)) = chunk.split_first_mut() else { continue };
+    let mut out: Vec<Option<_>> = sessions.iter().map(|_| None).collect();
+    // Snapshots put off hold threads that this thread traces: finished here.
+    for (s, r) in sessions.iter_mut().zip(out.iter_mut()) {
+        s.set_may_defer(false);
+        if s.has_pending() {
+            *r = Some(one(s));
+        }
+    }
+    let mut todo: Vec<(usize, &mut Session)> = sessions.iter_mut().enumerate().filter(|(i, _)| out[*i].is_none()).collect();
+    for chunk in todo.chunks_mut(MAX_PARALLEL) {
+        let Some(((first_i, first), rest)) = chunk.split_first_mut() else { continue };
         std::thread::scope(|scope| {
             // The first on this thread: one thread fewer to start a tick.
             let others = !rest.is_empty();
             let handles: Vec<_> = rest
                 .iter_mut()
-                .map(|s| {
-                    scope.spawn(move || {
+                .map(|(i, s)| {
+                    let i = *i;
+                    let h = scope.spawn(move || {
                         crate::process::ptrace::set_shared_waits(true);
                         let r = one(s);
                         crate::process::ptrace::release_all_frozen();
                         r
-                    })
+                    });
+                    (i, h)
                 })
                 .collect();
             crate::process::ptrace::set_shared_waits(others);
-            out.push(one(first));
+            out[*first_i] = Some(one(first));
             crate::process::ptrace::set_shared_waits(false);
-            // A panic in a snapshot goes on as it would have on this thread.
-            out.extend(handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
+            for (i, h) in handles {
+                // A panic in a snapshot goes on as it would have on this thread.
+                out[i] = Some(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+            }
         });
     }
-    out
+    out.into_iter().flatten().collect()
 }
 
 pub fn run(
@@ -451,7 +470,9 @@ pub fn run(
             sink.flush(&stats, threads_seen);
         }
     };
-    // None stays stopped while the profile is written.
+    // None stays stopped while the profile is written. A snapshot still
+    // put off (its holder got no CPU in the last few ticks) is given up.
+    sessions.iter_mut().for_each(Session::cancel_pending);
     crate::process::ptrace::release_all_frozen();
     drop(boost);
     stats.elapsed = timer.elapsed();
