@@ -196,6 +196,16 @@ fn outside_interpreter(frames: &[F]) -> Vec<F> {
     frames.iter().filter(|f| !f.native || !(f.place.starts_with("python3") || f.place.starts_with("libpython3"))).cloned().collect()
 }
 
+/// Files removed when this is dropped.
+struct Removed(Vec<std::path::PathBuf>);
+impl Drop for Removed {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
 #[test]
 fn perf_trampolines_are_resolved_and_leave_the_stack_unchanged() {
     for_each_interpreter(|interp| {
@@ -217,7 +227,12 @@ fn perf_trampolines_are_resolved_and_leave_the_stack_unchanged() {
             // -X goes right after the interpreter.
             let at = cmd.iter().position(|a| a.contains("python3")).unwrap() + 1;
             cmd.insert(at, format!("-X{mode}"));
+            // What CPython writes for perf stays after it exits: removed
+            // after the target (declared first, dropped last).
+            let mut written = Removed(Vec::new());
             let target = spawn_argv(&interp.label, &cmd);
+            let root = std::fs::read_link(format!("/proc/{}/root", target.pid())).unwrap();
+            written.0.extend([format!("tmp/perf-{}.map", target.pid()), format!("tmp/jit-{}.dump", target.pid())].map(|f| root.join(f)));
             let (main, sleeper) = ids(&target);
             let (dump, stderr) = dump_native(target.pid(), &[]);
             assert!(!stderr.contains("warning"), "-X {mode}: {stderr}");
@@ -240,15 +255,7 @@ fn hostile_perf_maps_and_jitdumps_are_refused_with_a_warning() {
     let dir = temp_dir("hostile");
     let map = std::path::PathBuf::from(format!("/tmp/perf-{pid}.map"));
     let dump = std::path::PathBuf::from(format!("/tmp/jit-{pid}.dump"));
-    struct Cleanup(Vec<std::path::PathBuf>);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            for p in &self.0 {
-                let _ = std::fs::remove_file(p);
-            }
-        }
-    }
-    let _cleanup = Cleanup(vec![map.clone(), dump.clone()]);
+    let _cleanup = Removed(vec![map.clone(), dump.clone()]);
 
     // A symlink planted where the map would be (a classic /tmp attack).
     let real = dir.join("real.map");

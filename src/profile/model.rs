@@ -112,6 +112,10 @@ pub struct Acquisition {
     /// instructions out of a half-done frame push or pop (nanoseconds).
     #[serde(default)]
     pub stepped: u64,
+    /// Of the stepped ones, finished at a later tick: the step waited for
+    /// a CPU. Absent (0) in older profiles.
+    #[serde(default)]
+    pub deferred: u64,
     /// `--nonblocking` snapshots.
     pub lock_free: u64,
     /// Read without a stop: the GIL holder was on no CPU (preempted, or

@@ -82,6 +82,7 @@ fn acquisition(cfg: &RecordConfig, a: &AcquireStats) -> Acquisition {
         gil_free: a.gil_free,
         moved: a.moved,
         stepped: a.stepped,
+        deferred: a.deferred,
         lock_free: a.lock_free,
         off_cpu: a.off_cpu,
         torn: a.torn,
