@@ -113,6 +113,11 @@ pub struct Steps {
     pub taken: u32,
 }
 
+/// Held (or frozen) threads whose stacks could not be walked in `threads`.
+fn half_done(stopped: &Stopped, threads: &[ThreadStack]) -> Vec<i32> {
+    threads.iter().filter(|t| t.torn).filter_map(|t| t.native_id).map(|n| n as i32).filter(|&t| stopped.holds_or_freezes(t)).collect()
+}
+
 impl Steps {
     /// Step every held thread whose stack could not be walked in `threads`
     /// by the next burst of instructions. False when there is none, the
@@ -125,8 +130,7 @@ impl Steps {
         if self.taken >= MAX_STEPS {
             return false;
         }
-        let half_done: Vec<i32> =
-            threads.iter().filter(|t| t.torn).filter_map(|t| t.native_id).map(|n| n as i32).filter(|&t| stopped.holds_or_freezes(t)).collect();
+        let half_done = half_done(stopped, threads);
         if half_done.is_empty() {
             return false;
         }
@@ -147,8 +151,7 @@ impl Steps {
         if self.taken >= MAX_STEPS {
             return false;
         }
-        let half_done: Vec<i32> =
-            threads.iter().filter(|t| t.torn).filter_map(|t| t.native_id).map(|n| n as i32).filter(|&t| stopped.holds_or_freezes(t)).collect();
+        let half_done = half_done(stopped, threads);
         if half_done.is_empty() || !half_done.iter().all(|&t| stopped.step(t, burst)) {
             return false;
         }
@@ -512,12 +515,13 @@ impl Freezer {
                 self.fixed.extend(self.words.iter().zip(&self.gils).map(|(w, g)| (w.holder, g.holder)));
             }
             let mut steps = Steps { taken: steps_before };
-            let since = resumed_at.unwrap_or_else(std::time::Instant::now);
-            if ok && self.may_defer && !needs.on_cpu && self.gils.len() == 1 && since.elapsed() < MAX_DEFER && steps.start_half_done(&mut stopped, &threads) {
+            let in_time = resumed_at.is_none_or(|t| t.elapsed() < MAX_DEFER);
+            if ok && self.may_defer && !needs.on_cpu && self.gils.len() == 1 && in_time && steps.start_half_done(&mut stopped, &threads) {
                 if !stopped.settle_frozen(STEP_LOOK) {
                     python.discard(threads);
                     self.stats.deferred += u64::from(steps_before == 0 && resumed_at.is_none());
                     self.proof = None;
+                    let since = resumed_at.unwrap_or_else(std::time::Instant::now);
                     self.pending = Some(Pending { held: stopped, since, steps: steps.taken });
                     return Ok(Vec::new());
                 }
