@@ -106,6 +106,10 @@ fn check_churn_dump(json: &[u8]) {
         let levels = names.iter().take_while(|n| **n == "level").count();
         assert!(levels <= 7, "{names:?}");
         let rest = &names[levels..];
-        assert!(rest == ["churn", "<module>"] || rest.is_empty() || rest == ["<module>"], "impossible stack {names:?}");
+        // At exit the interpreter calls threading._shutdown on its own, with
+        // no module frame below it, whenever anything imported threading.
+        let innermost_file = t["frames"].as_array().unwrap().last().and_then(|f| f["file"].as_str()).unwrap_or("");
+        let at_exit = rest == ["_shutdown"] && innermost_file.ends_with("threading.py");
+        assert!(rest == ["churn", "<module>"] || rest.is_empty() || rest == ["<module>"] || at_exit, "impossible stack {names:?}");
     }
 }
