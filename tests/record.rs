@@ -414,12 +414,12 @@ fn impossible_stacks(min_minor: u32, args: &[&str], function: &str, call: &str) 
         let out = record(&["--pid", &target.pid().to_string(), "-r", "5k", "-d", "1", "-q", "-o", out_path.to_str().unwrap()]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let p = read_profile(&out_path);
-        // Many snapshots of this target tear and are rightly dropped; but
-        // dropping everything would pass the checks below trivially. How
-        // many are kept depends on how the two processes share the CPUs
-        // (40-90 % here; one CI run under load kept 282 of 5,000 on 3.9),
-        // which is the benchmark's business: this floor only rules out
-        // a sampler that keeps next to nothing.
+        // No sample may be dropped for tearing (every tick is one, see
+        // sample_count_matches_rate_times_duration_at_1khz); a profile with
+        // next to nothing in it would pass the checks below trivially.
+        let ticks = p.meta.samples + p.meta.errors.get("skipped_ticks").copied().unwrap_or(0);
+        let want = p.meta.duration_secs * 5000.0;
+        assert!((ticks as f64 - want).abs() / want <= 0.02, "{} samples and {:?} in {:.3} s at 5 kHz", p.meta.samples, p.meta.errors, p.meta.duration_secs);
         assert!(p.meta.samples > 100, "only {} samples kept (errors {:?})", p.meta.samples, p.meta.errors);
         let mut bad = 0;
         let mut example = None;
