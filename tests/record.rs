@@ -447,8 +447,9 @@ fn impossible_stacks(min_minor: u32, args: &[&str], function: &str, call: &str) 
 }
 
 /// Reading without stopping the target cannot be atomic; pyprof re-reads
-/// every link a stack relies on and drops the stack if any moved, and (3.11–
-/// 3.13) drops a stack whose caller's own bytes say it was running. Without
+/// every link a stack relies on and marks the stack torn if any moved, and
+/// (3.11–3.13) one whose caller's own bytes say it was running. A torn
+/// stack is an impossible one here: the default mode must have none. Without
 /// that last check Debian's static 3.11 recorded impossible stacks here in
 /// 3 of 25 runs (403 of 89,247 samples, a caller on its `if` line under a
 /// popped callee); with it none in 374,328. Any torn stack fails.
