@@ -100,7 +100,8 @@ fn target_exiting_mid_read_never_panics() {
 fn check_churn_dump(json: &[u8]) {
     let v: serde_json::Value = serde_json::from_slice(json).unwrap();
     for t in v["threads"].as_array().unwrap() {
-        let all: Vec<&str> = t["frames"].as_array().unwrap().iter().map(|f| f["function"].as_str().unwrap()).collect();
+        let frames = t["frames"].as_array().unwrap();
+        let all: Vec<&str> = frames.iter().map(|f| f["function"].as_str().unwrap()).collect();
         // The collector may run on top of any of them (alone: at exit).
         let names = all.strip_prefix(&["<GC>"]).unwrap_or(&all);
         let levels = names.iter().take_while(|n| **n == "level").count();
@@ -108,7 +109,7 @@ fn check_churn_dump(json: &[u8]) {
         let rest = &names[levels..];
         // At exit the interpreter calls threading._shutdown on its own, with
         // no module frame below it, whenever anything imported threading.
-        let innermost_file = t["frames"].as_array().unwrap().last().and_then(|f| f["file"].as_str()).unwrap_or("");
+        let innermost_file = frames.last().and_then(|f| f["file"].as_str()).unwrap_or("");
         let at_exit = rest == ["_shutdown"] && innermost_file.ends_with("threading.py");
         assert!(rest == ["churn", "<module>"] || rest.is_empty() || rest == ["<module>"] || at_exit, "impossible stack {names:?}");
     }
