@@ -83,6 +83,8 @@ pub struct VmReader {
     /// per-sample path allocates nothing. Kept as plain words, laid out as
     /// `libc::iovec` (checked below), so the reader stays `Send`.
     iovs: RefCell<(IovWords, IovWords)>,
+    /// See [`VmReader::last_read_end`].
+    read_end: Cell<u64>,
 }
 
 /// iovecs as (base, length) words.
@@ -95,11 +97,24 @@ const IOV_MAX: usize = 1024;
 
 impl VmReader {
     pub fn new(pid: i32) -> Self {
-        VmReader { pid, syscalls: Cell::new(0), bytes: Cell::new(0), iovs: RefCell::new((Vec::new(), Vec::new())) }
+        VmReader { pid, syscalls: Cell::new(0), bytes: Cell::new(0), iovs: RefCell::new((Vec::new(), Vec::new())), read_end: Cell::new(0) }
     }
 
     pub fn pid(&self) -> i32 {
         self.pid
+    }
+
+    /// When the last `process_vm_readv` returned (CLOCK_MONOTONIC ns): no
+    /// byte read so far was read after it.
+    pub fn last_read_end(&self) -> u64 {
+        self.read_end.get()
+    }
+
+    fn mark_read_end(&self) {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        self.read_end.set(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
     }
 
     /// Number of process_vm_readv calls made so far (the main cost of a sample).
@@ -162,6 +177,7 @@ impl VmReader {
                     0,
                 )
             };
+            self.mark_read_end();
             if n <= 0 {
                 break;
             }
@@ -180,6 +196,7 @@ impl VmReader {
         // caller for the duration of this call; remote iovecs are only read
         // by the kernel, which validates them.
         let n = unsafe { libc::process_vm_readv(self.pid, local.as_ptr(), local.len() as libc::c_ulong, remote.as_ptr(), remote.len() as libc::c_ulong, 0) };
+        self.mark_read_end();
         if n < 0 {
             return Err(self.classify(first, total, std::io::Error::last_os_error()));
         }

@@ -154,6 +154,15 @@ impl Target {
         !self.shared_holders.get() || occupancy::with(|o| o.ran_since(tid, ins)).unwrap_or(true)
     }
 
+    /// As [`Target::ran_since`], but a single switch-in at or after `t`
+    /// (CLOCK_MONOTONIC ns) does not count: it ran only after `t`.
+    pub fn ran_before(&self, tid: i32, ins: u32, t: u64) -> bool {
+        if let Some(rs) = self.run_states.borrow().as_ref() {
+            return rs.ran_before(tid, ins, t);
+        }
+        !self.shared_holders.get() || occupancy::with(|o| o.ran_before(tid, ins, t)).unwrap_or(true)
+    }
+
     /// Take in the context switches since the last call; once per tick,
     /// before the states are asked for. Does nothing unless tracking.
     pub fn poll_run_states(&self) {

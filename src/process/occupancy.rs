@@ -30,7 +30,7 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Mutex;
 
-use super::run_states::{Record, Ring, online_cpus, open_event, parse};
+use super::run_states::{Record, Ring, online_cpus, open_event, parse, ran_only_after};
 
 /// Threads remembered at most: every task of the machine that switched is
 /// remembered until it exits; past this, the oldest knowledge is dropped
@@ -58,6 +58,8 @@ struct Seen {
     time: u64,
     /// Switch-ins, for [`Occupancy::ran_since`]: one more means it ran.
     ins: u32,
+    /// Time of the latest switch-in (CLOCK_MONOTONIC ns).
+    in_time: u64,
 }
 
 // SAFETY: the rings are owned mappings of this value only; nothing else
@@ -118,6 +120,9 @@ impl Occupancy {
                         (seen.off, seen.time) = (out, time);
                     }
                     seen.ins = seen.ins.wrapping_add(u32::from(!out));
+                    if !out {
+                        seen.in_time = seen.in_time.max(time);
+                    }
                 }
                 Some(Record::Exit { tid, .. }) => {
                     threads.remove(&tid);
@@ -152,6 +157,12 @@ impl Occupancy {
         self.threads.get(&tid).is_none_or(|s| s.ins != ins)
     }
 
+    /// As [`ran_since`](Self::ran_since), but a single switch-in at or
+    /// after `t` does not count (see `run_states::ran_only_after`).
+    pub fn ran_before(&self, tid: i32, ins: u32, t: u64) -> bool {
+        self.threads.get(&tid).is_none_or(|s| s.ins != ins && !ran_only_after(s.ins, s.in_time, ins, t))
+    }
+
     /// CPUs whose current task is known.
     pub fn known_cpus(&self) -> usize {
         self.current.iter().filter(|c| c.is_some()).count()
@@ -182,6 +193,7 @@ mod tests {
         let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
         let sleeper = std::thread::spawn(move || {
             tid_tx.send(nix::unistd::gettid().as_raw()).unwrap();
+            go_rx.recv().ok();
             go_rx.recv().ok();
         });
         let sleeper_tid = tid_rx.recv().unwrap();
@@ -223,6 +235,24 @@ mod tests {
         }
         drop(cpu);
 
+        // Woken, and blocked again: the records' clock is the one
+        // `clock_gettime` reads, so its switch-in falls between readings
+        // taken around the wake.
+        let before_wake = monotonic_ns();
+        go_tx.send(()).unwrap();
+        while crate::process::task_state(std::process::id() as i32, sleeper_tid) != Some('S') {
+            std::thread::yield_now();
+        }
+        let after_block = monotonic_ns();
+        occ.poll();
+        let Seen { ins: now, in_time, .. } = occ.threads[&sleeper_tid];
+        assert_ne!(now, ins, "a woken thread not seen switching in");
+        assert!((before_wake..after_block).contains(&in_time), "switched in at {in_time}, outside [{before_wake}, {after_block})");
+        assert!(occ.ran_before(sleeper_tid, ins, after_block), "a thread that ran before {after_block} not seen running before it");
+        if now == ins.wrapping_add(1) && in_time >= before_wake + 1_000 {
+            assert!(!occ.ran_before(sleeper_tid, ins, before_wake), "a thread that switched in once, after {before_wake}, seen running before it");
+        }
+
         go_tx.send(()).unwrap();
         sleeper.join().unwrap();
         occ.poll();
@@ -232,5 +262,12 @@ mod tests {
             occ.threads.get(&sleeper_tid).map(|s| (s.off, s.ins)),
             occ.current
         );
+    }
+
+    fn monotonic_ns() -> u64 {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: valid out-pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
     }
 }
