@@ -504,7 +504,8 @@ impl Freezer {
                 self.stats.ran += u64::from(ran);
             }
             let ids = python.thread_ids();
-            let mut ok = !ran && python.fixed_held() && self.looked_up.iter().all(|&(ts, tid)| ids.contains(&(ts, Some(tid))));
+            let words_held = python.fixed_held() && !all;
+            let mut ok = !ran && words_held && self.looked_up.iter().all(|&(ts, tid)| ids.contains(&(ts, Some(tid))));
             // The switch counter was read before the stop and again after
             // the read, unchanged: the next snapshot may build on this one.
             let proof = if ok && !all { self.proof_now() } else { None };
@@ -584,7 +585,10 @@ impl Freezer {
             }
             python.discard(std::mem::take(&mut threads));
             self.stats.moved += u64::from(round == 0 && !ran);
-            if !gils_read {
+            // A holder that only got a CPU: the GIL words were just read
+            // unchanged (at the end of the read), and the next round checks
+            // them again after its stopped read, so they need no read here.
+            if !gils_read && !(ran && words_held) {
                 self.read_gils(a, python)?;
             }
         }
