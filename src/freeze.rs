@@ -588,7 +588,7 @@ impl Freezer {
             // A holder that only got a CPU: the GIL words were just read
             // unchanged (at the end of the read), and the next round checks
             // them again after its stopped read, so they need no read here.
-            if !gils_read && !(ran && words_held) {
+            if !(gils_read || (ran && words_held)) {
                 self.read_gils(a, python)?;
             }
         }
