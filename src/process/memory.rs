@@ -111,10 +111,7 @@ impl VmReader {
     }
 
     fn mark_read_end(&self) {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        self.read_end.set(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+        self.read_end.set(super::monotonic_ns());
     }
 
     /// Number of process_vm_readv calls made so far (the main cost of a sample).

@@ -277,6 +277,20 @@ pub fn start_time(pid: i32) -> Option<f64> {
     Some(wall_now - (boot_now - ticks as f64 / hz as f64))
 }
 
+/// `clock`'s reading in ns (0 if the clock does not exist).
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// CLOCK_MONOTONIC in ns: the clock of the sampler's schedule, and of the
+/// context-switch records (`run_states`).
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
 fn clock_secs(clock: libc::clockid_t) -> Option<f64> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: ts is a valid timespec for the call to fill.

@@ -172,6 +172,7 @@ impl Occupancy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::process::monotonic_ns;
     use std::time::{Duration, Instant};
 
     fn pin_self(cpu: usize) {
@@ -262,12 +263,5 @@ mod tests {
             occ.threads.get(&sleeper_tid).map(|s| (s.off, s.ins)),
             occ.current
         );
-    }
-
-    fn monotonic_ns() -> u64 {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: valid out-pointer.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
     }
 }
