@@ -133,7 +133,7 @@ impl Target {
     }
 
     /// `tid` is proven off every CPU as of the last poll: its switch-in
-    /// count for [`Target::ran_since`]. See [`run_states::RunStates::off_cpu`]
+    /// count for [`Target::ran_before`]. See [`run_states::RunStates::off_cpu`]
     /// and [`occupancy::Occupancy::off_cpu`].
     pub fn off_cpu(&self, tid: i32) -> Option<u32> {
         if let Some(rs) = self.run_states.borrow_mut().as_mut() {
@@ -146,16 +146,8 @@ impl Target {
     }
 
     /// Whether `tid`, off every CPU with `ins` switch-ins, may have run
-    /// since, as of the last poll (true when nothing follows it).
-    pub fn ran_since(&self, tid: i32, ins: u32) -> bool {
-        if let Some(rs) = self.run_states.borrow().as_ref() {
-            return rs.ran_since(tid, ins);
-        }
-        !self.shared_holders.get() || occupancy::with(|o| o.ran_since(tid, ins)).unwrap_or(true)
-    }
-
-    /// As [`Target::ran_since`], but a single switch-in at or after `t`
-    /// (CLOCK_MONOTONIC ns) does not count: it ran only after `t`.
+    /// before `t` (CLOCK_MONOTONIC ns), as of the last poll (true when
+    /// nothing follows it): a single switch-in at or after `t` does not count.
     pub fn ran_before(&self, tid: i32, ins: u32, t: u64) -> bool {
         if let Some(rs) = self.run_states.borrow().as_ref() {
             return rs.ran_before(tid, ins, t);
@@ -279,10 +271,7 @@ pub fn start_time(pid: i32) -> Option<f64> {
 
 /// `clock`'s reading in ns (0 if the clock does not exist).
 pub fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: ts is a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    clock_read(clock).map_or(0, |ts| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
 /// CLOCK_MONOTONIC in ns: the clock of the sampler's schedule, and of the
@@ -292,12 +281,13 @@ pub fn monotonic_ns() -> u64 {
 }
 
 fn clock_secs(clock: libc::clockid_t) -> Option<f64> {
+    clock_read(clock).map(|ts| ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+}
+
+fn clock_read(clock: libc::clockid_t) -> Option<libc::timespec> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: ts is a valid timespec for the call to fill.
-    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
-        return None;
-    }
-    Some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+    (unsafe { libc::clock_gettime(clock, &mut ts) } == 0).then_some(ts)
 }
 
 /// Whether process `pid` is on its way out (its main thread has PF_EXITING

@@ -56,7 +56,7 @@ struct Seen {
     /// the rings of every CPU it ran on, read one ring after another, so
     /// an older switch-out may be read after a newer switch-in.
     time: u64,
-    /// Switch-ins, for [`Occupancy::ran_since`]: one more means it ran.
+    /// Switch-ins, for [`Occupancy::ran_before`]: one more means it ran.
     ins: u32,
     /// Time of the latest switch-in (CLOCK_MONOTONIC ns).
     in_time: u64,
@@ -140,7 +140,7 @@ impl Occupancy {
     }
 
     /// `tid` is proven on no CPU as of the last [`poll`](Self::poll): its
-    /// switch-in count for [`ran_since`](Self::ran_since). None when not proven.
+    /// switch-in count for [`ran_before`](Self::ran_before). None when not proven.
     pub fn off_cpu(&mut self, tid: i32) -> Option<u32> {
         let own = self.threads.get(&tid).is_some_and(|s| s.off);
         if own || self.current.iter().all(|c| c.is_some_and(|t| t != tid)) {
@@ -152,13 +152,9 @@ impl Occupancy {
     }
 
     /// Whether `tid`, proven off CPU with `ins` switch-ins, may have run
-    /// since, as of the last poll (true when its records are not whole).
-    pub fn ran_since(&self, tid: i32, ins: u32) -> bool {
-        self.threads.get(&tid).is_none_or(|s| s.ins != ins)
-    }
-
-    /// As [`ran_since`](Self::ran_since), but a single switch-in at or
-    /// after `t` does not count (see `run_states::ran_only_after`).
+    /// before `t` (CLOCK_MONOTONIC ns), as of the last poll: it switched
+    /// in, other than once at or after `t` (`run_states::ran_only_after`),
+    /// or its records are not whole.
     pub fn ran_before(&self, tid: i32, ins: u32, t: u64) -> bool {
         self.threads.get(&tid).is_none_or(|s| s.ins != ins && !ran_only_after(s.ins, s.in_time, ins, t))
     }
@@ -187,7 +183,7 @@ mod tests {
     /// A thread that blocked before the rings opened (so none of its own
     /// switches is seen) is proven off once every CPU has switched; a
     /// thread that holds a CPU never is; a proven thread that runs is
-    /// caught by `ran_since`.
+    /// caught by `ran_before`.
     #[test]
     fn proves_threads_off_cpu_from_the_cpus_current_tasks() {
         let (tid_tx, tid_rx) = std::sync::mpsc::channel();
@@ -220,7 +216,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         };
 
-        assert!(!occ.ran_since(sleeper_tid, ins), "a blocked thread seen running");
+        assert!(!occ.ran_before(sleeper_tid, ins, u64::MAX), "a blocked thread seen running");
 
         // A real-time spinner holds its CPU: off it only while the kernel
         // lends it to starved tasks (a few % of the time at most).
@@ -258,7 +254,7 @@ mod tests {
         sleeper.join().unwrap();
         occ.poll();
         assert!(
-            occ.ran_since(sleeper_tid, ins),
+            occ.ran_before(sleeper_tid, ins, u64::MAX),
             "a thread that woke and exited not seen running: proven with {ins}, now {:?}, current {:?}",
             occ.threads.get(&sleeper_tid).map(|s| (s.off, s.ins)),
             occ.current

@@ -413,8 +413,8 @@ impl RunStates {
 
     /// `tid` is on no CPU as of the last [`poll`](Self::poll), and its
     /// context-switch records prove it (not `/proc`): its count of
-    /// switch-ins, for [`ran_since`](Self::ran_since) to tell whether it ran
-    /// after. None when not proven: not followed yet (it is from now on), or
+    /// switch-ins, for [`ran_before`](Self::ran_before) to tell whether it
+    /// ran after. None when not proven: not followed yet (it is from now on), or
     /// its last record a switch-in.
     pub fn off_cpu(&mut self, tid: i32) -> Option<u32> {
         self.track(tid)?;
@@ -422,14 +422,9 @@ impl RunStates {
     }
 
     /// Whether `tid`, found off every CPU with `ins` switch-ins, may have
-    /// run since, as of the last poll: it switched in, or its records are
-    /// no longer whole (lost, or it is no longer followed).
-    pub fn ran_since(&self, tid: i32, ins: u32) -> bool {
-        !self.seen.get(&tid).is_some_and(|s| s.off && s.ins == ins)
-    }
-
-    /// As [`ran_since`](Self::ran_since), but a single switch-in at or
-    /// after `t` (CLOCK_MONOTONIC ns) does not count (see [`ran_only_after`]).
+    /// run before `t` (CLOCK_MONOTONIC ns), as of the last poll: it switched
+    /// in, other than once at or after `t` ([`ran_only_after`]), or its
+    /// records are no longer whole (lost, or it is no longer followed).
     pub fn ran_before(&self, tid: i32, ins: u32, t: u64) -> bool {
         !self.seen.get(&tid).is_some_and(|s| (s.off && s.ins == ins) || ran_only_after(s.ins, s.in_time, ins, t))
     }

@@ -8,8 +8,8 @@
 //!
 //! A wait shorter than half of what a sleep costs is spun instead: under
 //! virtualisation a sleep and its wake-up can cost more CPU than the whole
-//! sample (21 µs on the benchmark's VM, against 14 µs for a 3-frame exact
-//! sample at 50 kHz). Half, not all: spinning also keeps the CPU from
+//! sample (14-16 µs of thread CPU time on the benchmark's VM, against 13-14
+//! µs for a 3-frame exact sample at 50 kHz). Half, not all: spinning also keeps the CPU from
 //! whatever else would run there, and on that VM spinning the waits under
 //! 25 µs drew more stops of the target and cost more than sleeping. Where
 //! a sleep is cheap (a few µs on bare metal) nearly nothing is spun.
@@ -171,14 +171,16 @@ impl Timer {
         let slot = self.start + self.n * self.interval;
         let deadline = (slot + self.random_below(self.interval)).max(self.not_before);
         let mut now = now_ns();
-        if now < deadline && deadline - now < self.spin_below {
-            while now < deadline {
-                std::hint::spin_loop();
-                now = now_ns();
+        if now < deadline {
+            if deadline - now < self.spin_below {
+                while now < deadline {
+                    std::hint::spin_loop();
+                    now = now_ns();
+                }
+            } else {
+                sleep_until_ns(deadline);
+                now = deadline;
             }
-        } else if now < deadline {
-            sleep_until_ns(deadline);
-            now = deadline;
         }
         self.last_tick = now;
         if now >= slot + self.interval {
