@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::attach::AttachOptions;
 use crate::binary::runtime::Method;
-use crate::freeze::Sampling;
 use crate::output::{Format, Paths, View};
 use crate::profile::aggregate::AggregateOptions;
 use crate::python::asyncio::AsyncMode;
 use crate::record::{RecordConfig, RecordTarget, default_output};
 use crate::sampler::{Mode, SamplingConfig};
+use crate::session::Sampling;
+use crate::session::SessionOptions;
 
 /// Highest sampling rate accepted. A sample costs 5–10 µs, so this is not a
 /// rate anyone gets: it means "back to back", with every tick that could not
@@ -108,7 +108,7 @@ pub enum AsyncArg {
 }
 
 impl AttachArgs {
-    pub fn options(&self) -> AttachOptions {
+    pub fn options(&self) -> SessionOptions {
         let native = self.native.then(|| {
             let mut o = crate::native::NativeOptions::default();
             o.debug.enabled = !self.no_debug_files;
@@ -121,7 +121,7 @@ impl AttachArgs {
         });
         let threads = crate::thread_filter::ThreadFilter::new(&self.thread, self.main_thread);
         let extras = crate::python::snapshot::Extras { gc: !self.no_gc, exception: false };
-        AttachOptions { runtime_method: self.runtime_method, native, sampling, asyncio, threads, extras }
+        SessionOptions { runtime_method: self.runtime_method, native, sampling, asyncio, threads, extras }
     }
 }
 
@@ -184,6 +184,10 @@ pub struct RecordArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
+    /// After the summary, how each snapshot was made one instant, counted.
+    #[arg(short, long, conflicts_with = "quiet")]
+    pub verbose: bool,
+
     #[command(flatten)]
     pub attach: AttachArgs,
 
@@ -224,6 +228,7 @@ impl RecordArgs {
             view,
             subprocesses: self.subprocesses,
             quiet: self.quiet,
+            verbose: self.verbose,
             attach,
         })
     }
@@ -344,6 +349,7 @@ impl TopArgs {
             paths: self.paths,
             import_frames: self.import_frames,
             quiet: true,
+            verbose: false,
             attach: self.attach,
             command: self.command,
         }
@@ -444,7 +450,7 @@ impl AgentArgs {
             let (k, v) = h.split_once(':').filter(|(k, _)| !k.trim().is_empty()).ok_or_else(|| anyhow::anyhow!("header {} is not 'Name: value'", i + 1))?;
             headers.push((k.trim().to_string(), v.trim().to_string()));
         }
-        let mut attach = AttachOptions::default();
+        let mut attach = SessionOptions::default();
         attach.extras.gc = true;
         attach.extras.exception = self.mode == ModeArg::Exception;
         Ok(crate::agent::AgentConfig {
