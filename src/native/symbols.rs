@@ -515,7 +515,7 @@ fn try_debug_file(candidate: &DebugCandidate, binary_path: &Path, binary: &Parse
     // SAFETY: read-only mapping dropped at the end of this function.
     let map = unsafe { memmap2::Mmap::map(&file).ok()? };
     if let Some(crc) = candidate.crc {
-        if crc32(&map) != crc {
+        if crc32fast::hash(&map) != crc {
             return None;
         }
     }
@@ -546,27 +546,6 @@ fn decompress_minidebuginfo(data: &[u8]) -> Option<Vec<u8>> {
     let mut out = Capped(Vec::new());
     lzma_rs::xz_decompress(&mut io::BufReader::new(data), &mut out).ok()?;
     Some(out.0)
-}
-
-const CRC32_TABLE: [u32; 256] = {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
-            k += 1;
-        }
-        table[i] = c;
-        i += 1;
-    }
-    table
-};
-
-/// The zlib/IEEE CRC-32 that `.gnu_debuglink` uses.
-fn crc32(data: &[u8]) -> u32 {
-    !data.iter().fold(!0u32, |c, &b| CRC32_TABLE[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8))
 }
 
 #[cfg(test)]
@@ -960,8 +939,9 @@ int main(int argc, char **argv) { (void)argv; return pp_main_static(argc); }
 
     #[test]
     fn crc32_known_value() {
-        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
-        assert_eq!(crc32(b""), 0);
+        // `.gnu_debuglink` wants the zlib/IEEE CRC-32 (check value of CRC-32/ISO-HDLC).
+        assert_eq!(crc32fast::hash(b"123456789"), 0xCBF4_3926);
+        assert_eq!(crc32fast::hash(b""), 0);
     }
 
     #[test]
