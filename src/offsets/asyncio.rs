@@ -570,6 +570,28 @@ mod tests {
         }
     }
 
+    /// Every number a file states reaches the parsed file as "section.key",
+    /// and every `[layout]` word; read with a plain TOML table,
+    /// independently of the parser.
+    #[test]
+    fn every_number_of_every_file_is_read() {
+        for &(minor, text) in FILES {
+            let f = file(minor).unwrap().unwrap_or_else(|e| panic!("3.{minor}: {e}"));
+            let doc: toml::Table = text.parse().unwrap();
+            let mut numbers = BTreeMap::new();
+            for (section, table) in doc.iter().filter(|(s, _)| s.as_str() != "provenance") {
+                for (k, v) in table.as_table().unwrap().iter().filter(|(_, v)| !v.is_str()) {
+                    numbers.insert(format!("{section}.{k}"), v.as_integer().unwrap());
+                }
+            }
+            assert_eq!(f.values, numbers, "3.{minor}");
+            for (k, v) in doc["layout"].as_table().unwrap().iter().filter(|(_, v)| v.is_str()) {
+                assert_eq!(f.word(k).unwrap(), v.as_str().unwrap(), "3.{minor} [layout] {k}");
+            }
+            assert!(f.provenance.contains(doc["provenance"]["source"].as_str().unwrap()), "3.{minor}");
+        }
+    }
+
     /// The section Debian's 3.14.10 `_asyncio` carries, read off the .so.
     const SECTION_314: [u64; 13] = [168, 136, 96, 108, 109, 128, 152, 225864, 10880, 936, 864, 872, 880];
 

@@ -201,6 +201,54 @@ mod tests {
         }
     }
 
+    /// Every number a file states reaches the parsed file: each `[struct]
+    /// field = offset` as "struct.field", each constant as
+    /// "constants.NAME", and nothing else. Read with a plain TOML table,
+    /// independently of the parser.
+    #[test]
+    fn every_number_of_every_file_is_read() {
+        for &(minor, text) in FILES {
+            let file = for_minor(minor).unwrap().unwrap();
+            let doc: toml::Table = text.parse().unwrap();
+            let mut want = FieldMap::new();
+            for (section, table) in doc.iter().filter(|(s, _)| !matches!(s.as_str(), "provenance" | "layout" | "rules" | "debug_offsets")) {
+                for (k, v) in table.as_table().unwrap() {
+                    want.insert(format!("{section}.{k}"), u64::try_from(v.as_integer().unwrap()).unwrap());
+                }
+            }
+            assert_eq!(file.fields, want, "3.{minor}");
+            let debug = doc.get("debug_offsets");
+            let strings = |k: &str| debug.map(|d| d[k].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect::<Vec<_>>());
+            assert_eq!(file.debug_fields, strings("fields"), "3.{minor}");
+            let words = debug.map(|d| d["header_defaults"].as_array().unwrap().iter().map(|v| v.as_integer().unwrap() as u64).collect::<Vec<_>>());
+            assert_eq!(file.debug_defaults, words, "3.{minor}");
+            let stated = |k: &str| doc["provenance"][k].as_str().unwrap().to_string();
+            assert!(file.provenance.contains(&stated("source")) && file.provenance.contains(&stated("applies_to")), "3.{minor}");
+        }
+    }
+
+    /// Representative words of `[layout]` and `[rules]`, one version per shape.
+    #[test]
+    fn layout_and_rules_words_are_read() {
+        let f8 = for_minor(8).unwrap().unwrap();
+        assert_eq!((f8.layout.frame, f8.layout.linetable, f8.layout.lasti), (FrameChain::FrameObject, LineTableKind::Lnotab, LastiUnit::Bytes));
+        assert_eq!(f8.layout.instance_dict, Some(InstanceDict::DictOffset));
+        assert!(f8.rules.frame_objects_recycled && f8.rules.eval_call_per_frame && f8.rules.shim_code_name.is_none());
+        assert_eq!(f8.rules.code_counter, CodeCounter::None);
+        let f10 = for_minor(10).unwrap().unwrap();
+        assert_eq!((f10.layout.linetable, f10.layout.lasti), (LineTableKind::Linetable310, LastiUnit::CodeUnits));
+        let f12 = for_minor(12).unwrap().unwrap();
+        assert_eq!((f12.layout.frame, f12.layout.linetable, f12.layout.lasti), (FrameChain::InterpreterFrame, LineTableKind::Locations, LastiUnit::InstrPtr));
+        assert_eq!(f12.layout.instance_dict, Some(InstanceDict::ManagedTaggedPreheader));
+        assert_eq!(f12.rules.shim_code_name.as_deref(), Some("<interpreter trampoline>"));
+        assert!(f12.rules.entry_shim_frames && f12.rules.caller_stacktop && !f12.rules.frame_objects_recycled);
+        assert_eq!(f12.rules.code_counter, CodeCounter::Versions);
+        let f14 = for_minor(14).unwrap().unwrap();
+        assert_eq!(f14.rules.code_counter, CodeCounter::Frees);
+        assert_eq!(f14.layout.instance_dict, Some(InstanceDict::InlineValues));
+        assert!(f14.constants.first_non_python_owner.is_some() && f14.constants.executable_tag_mask != 0);
+    }
+
     /// Every file carries what thread names need: for 3.8–3.12 the file alone
     /// builds [`super::super::NameOffsets`]; for 3.13+ the file plus the
     /// `_Py_DebugOffsets` words its comments record (the header defaults).
