@@ -577,50 +577,6 @@ fn read_section(attached: &Attached, maps: &[Mapping], module: &str) -> Result<O
     Ok(Some(bytes))
 }
 
-/// The hand-written parser serde replaced, kept for one commit to prove the
-/// two read every shipped file alike.
-#[cfg(test)]
-mod legacy {
-    use std::collections::BTreeMap;
-
-    /// One parsed `offsets/asyncio/cpython-3.X.toml`: `section.key` → value
-    /// (constants may be negative), and its `[layout]` words.
-    pub(super) struct File {
-        _minor: u32,
-        pub(super) provenance: String,
-        pub(super) layout: BTreeMap<String, String>,
-        pub(super) values: BTreeMap<String, i64>,
-    }
-
-    impl File {
-        pub(super) fn parse(minor: u32, text: &str) -> std::result::Result<File, String> {
-            let doc: toml::Table = text.parse().map_err(|e| format!("{e}"))?;
-            let mut layout = BTreeMap::new();
-            let mut values = BTreeMap::new();
-            let mut provenance = Vec::new();
-            for (section, table) in doc.iter().filter_map(|(s, v)| Some((s, v.as_table()?))) {
-                for (k, v) in table {
-                    match section.as_str() {
-                        "provenance" => {
-                            provenance.extend(v.as_str().filter(|_| matches!(k.as_str(), "python" | "source" | "applies_to")).map(|v| format!("{k}: {v}")))
-                        }
-                        "layout" if v.is_str() => {
-                            layout.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
-                        }
-                        _ => {
-                            values.insert(format!("{section}.{k}"), v.as_integer().ok_or(format!("{section}.{k} is not an integer"))?);
-                        }
-                    }
-                }
-            }
-            if provenance.is_empty() {
-                return Err("no [provenance]".into());
-            }
-            Ok(File { _minor: minor, provenance: format!("offsets/asyncio/cpython-3.{minor}.toml ({})", provenance.join("; ")), layout, values })
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -672,21 +628,6 @@ mod tests {
             let words = [word(&f.layout.awaiter_links), word(&f.layout.gen_frame), word(&f.layout.value_stack)];
             assert_eq!(words.map(Some), ["awaiter_links", "gen_frame", "value_stack"].map(|k| layout[k].as_str().map(str::to_string)), "3.{minor}");
             assert!(f.provenance.contains(doc["provenance"]["source"].as_str().unwrap()), "3.{minor}");
-        }
-    }
-
-    /// serde's parse and the hand-written one it replaced read every
-    /// shipped file alike.
-    #[test]
-    fn serde_parse_equals_the_hand_written_one() {
-        for &(minor, text) in FILES {
-            let new = File::parse(minor, text).unwrap();
-            let mut old = legacy::File::parse(minor, text).unwrap();
-            assert_eq!(new.provenance, old.provenance, "3.{minor}");
-            assert_eq!(old.values.remove("layout.awaited_slot"), Some(new.layout.awaited_slot as i64), "3.{minor}");
-            assert_eq!(new.values, old.values, "3.{minor}");
-            let words = [word(&new.layout.awaiter_links), word(&new.layout.gen_frame), word(&new.layout.value_stack)];
-            assert_eq!(words.to_vec(), ["awaiter_links", "gen_frame", "value_stack"].map(|k| old.layout[k].clone()).to_vec(), "3.{minor}");
         }
     }
 
