@@ -236,8 +236,10 @@ pub struct OutputArgs {
     pub view: ViewArgs,
 }
 
+/// What record and top share: the process, how to sample it, and where
+/// the profile goes.
 #[derive(Args, Debug)]
-pub struct RecordArgs {
+pub struct RecordingArgs {
     #[command(flatten)]
     pub process: ProcessArgs,
 
@@ -246,6 +248,12 @@ pub struct RecordArgs {
 
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    #[command(flatten)]
+    pub recording: RecordingArgs,
 
     /// A root node per thread, named with its name and id.
     #[arg(long)]
@@ -262,19 +270,21 @@ pub struct RecordArgs {
 
 impl RecordArgs {
     pub fn into_config(self) -> anyhow::Result<RecordConfig> {
-        let target = self.process.target()?;
-        let format = self.output.view.format(self.output.output.as_deref()).unwrap_or(Format::Flamegraph);
-        let output = self.output.output.unwrap_or_else(|| default_output(&target, format));
-        let mut attach = self.process.attach.options();
-        self.sampling.apply(&mut attach);
+        let RecordingArgs { process, sampling, output } = self.recording;
+        let target = process.target()?;
+        let format = output.view.format(output.output.as_deref()).unwrap_or(Format::Flamegraph);
+        let view = output.view.view(format);
+        let output = output.output.unwrap_or_else(|| default_output(&target, format));
+        let mut attach = process.attach.options();
+        sampling.apply(&mut attach);
         Ok(RecordConfig {
             target,
-            sampling: SamplingConfig { include_empty: self.process.include_idle_threads, ..self.sampling.config() },
-            aggregate: AggregateOptions { by_function: self.function, thread_roots: self.threads, process_roots: self.process.subprocesses },
+            sampling: SamplingConfig { include_empty: process.include_idle_threads, ..sampling.config() },
+            aggregate: AggregateOptions { by_function: self.function, thread_roots: self.threads, process_roots: process.subprocesses },
             output,
             format,
-            view: self.output.view.view(format),
-            subprocesses: self.process.subprocesses,
+            view,
+            subprocesses: process.subprocesses,
             quiet: self.quiet,
             attach,
         })
@@ -322,13 +332,7 @@ impl ReportArgs {
 )]
 pub struct TopArgs {
     #[command(flatten)]
-    pub process: ProcessArgs,
-
-    #[command(flatten)]
-    pub sampling: SamplingArgs,
-
-    #[command(flatten)]
-    pub output: OutputArgs,
+    pub recording: RecordingArgs,
 
     /// Seconds between refreshes of the view (and between tables without a terminal).
     #[arg(long, default_value = "1", value_parser = parse_duration)]
@@ -341,10 +345,10 @@ pub struct TopArgs {
 
 impl TopArgs {
     pub fn into_config(self) -> anyhow::Result<crate::top::TopConfig> {
-        let write = self.output.output.is_some();
-        let mut output = self.output;
-        output.output.get_or_insert_with(crate::top::unused_output);
-        let record = RecordArgs { process: self.process, sampling: self.sampling, output, threads: false, function: false, quiet: true }
+        let mut recording = self.recording;
+        let write = recording.output.output.is_some();
+        recording.output.output.get_or_insert_with(crate::top::unused_output);
+        let record = RecordArgs { recording, threads: false, function: false, quiet: true }
             .into_config()
             .map_err(|e| anyhow::anyhow!(e.to_string().replace("pyprof record", "pyprof top")))?;
         Ok(crate::top::TopConfig { record, write, rows: self.rows, refresh: self.refresh })
