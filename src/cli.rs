@@ -125,40 +125,13 @@ impl AttachArgs {
     }
 }
 
+/// Which process record and top sample: a running one or a command they
+/// launch, how its stacks are read, and which of its threads and children count.
 #[derive(Args, Debug)]
-pub struct RecordArgs {
+pub struct ProcessArgs {
     /// Process id to attach to (or give a command after --).
     #[arg(short, long, conflicts_with = "command")]
     pub pid: Option<i32>,
-
-    /// Samples per second per thread: 100, 10k, 10khz ... up to 1000k (back to back).
-    #[arg(short, long, default_value = "100", value_parser = parse_rate)]
-    pub rate: f64,
-
-    /// Stop after this many seconds (default: when the target exits or on Ctrl-C).
-    #[arg(short, long, value_parser = parse_duration)]
-    pub duration: Option<Duration>,
-
-    /// Output file (default pyprof-<pid or script>.<format extension>).
-    #[arg(short, long)]
-    pub output: Option<PathBuf>,
-
-    /// Output format (default: from the -o extension, else flamegraph).
-    #[arg(short, long, value_enum)]
-    pub format: Option<FormatArg>,
-
-    /// wall: every thread; cpu: threads on a CPU; gil: the GIL holder;
-    /// exception: threads raising or handling an exception.
-    #[arg(long, value_enum, default_value = "wall")]
-    pub mode: ModeArg,
-
-    /// A root node per thread, named with its name and id.
-    #[arg(long)]
-    pub threads: bool,
-
-    /// Aggregate by function, not by line.
-    #[arg(long)]
-    pub function: bool,
 
     /// Also profile child processes started after attach (one root node per process).
     #[arg(long)]
@@ -167,6 +140,66 @@ pub struct RecordArgs {
     /// Count threads that have no Python frame at that moment.
     #[arg(long)]
     pub include_idle_threads: bool,
+
+    #[command(flatten)]
+    pub attach: AttachArgs,
+
+    /// Command to launch and profile from its start; its exit code becomes pyprof's.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+impl ProcessArgs {
+    fn target(&self) -> anyhow::Result<RecordTarget> {
+        Ok(match (self.pid, self.command.is_empty()) {
+            (Some(pid), true) => RecordTarget::Pid(pid),
+            (None, false) => RecordTarget::Launch(self.command.clone()),
+            (None, true) => anyhow::bail!("give --pid PID or a command after --, e.g. pyprof record -- python app.py"),
+            (Some(_), false) => anyhow::bail!("give either --pid or a command, not both"),
+        })
+    }
+}
+
+/// How often, for how long and in which mode to sample: what record, top
+/// and agent all take. An option every sampling command takes goes here, and
+/// reaches the library through [`SamplingArgs::config`] and
+/// [`SamplingArgs::apply`]. A command whose help must say more of an option
+/// rewords it with `mut_arg` (see `AgentArgs`), keeping its meaning.
+#[derive(Args, Debug)]
+pub struct SamplingArgs {
+    /// Samples per second per thread: 100, 10k, 10khz ... up to 1000k (back to back).
+    #[arg(short, long, default_value = "100", value_parser = parse_rate)]
+    pub rate: f64,
+
+    /// Stop after this many seconds (default: when the target exits or on Ctrl-C).
+    #[arg(short, long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// wall: every thread; cpu: threads on a CPU; gil: the GIL holder;
+    /// exception: threads raising or handling an exception.
+    #[arg(long, value_enum, default_value = "wall")]
+    pub mode: ModeArg,
+}
+
+impl SamplingArgs {
+    /// The sampler's settings these make, the others at their defaults.
+    fn config(&self) -> SamplingConfig {
+        SamplingConfig { rate_hz: self.rate, duration: self.duration, mode: self.mode.into(), ..Default::default() }
+    }
+
+    /// What attaching must know of them: exception mode reads each thread's
+    /// exception state, which is left unread otherwise.
+    fn apply(&self, attach: &mut SessionOptions) {
+        attach.extras.exception = self.mode == ModeArg::Exception;
+    }
+}
+
+/// How a profile is written: record, top's -o and report.
+#[derive(Args, Debug)]
+pub struct ViewArgs {
+    /// Output format (default: from the -o extension, else flamegraph).
+    #[arg(short, long, value_enum)]
+    pub format: Option<Format>,
 
     /// File paths in labels: short (relative to the target's directory, or
     /// the package's own path) or full. Default: short in flamegraph and
@@ -179,6 +212,56 @@ pub struct RecordArgs {
     /// flamegraph and speedscope, show in collapsed; JSON and pprof keep every frame.
     #[arg(long, value_enum, value_name = "HOW")]
     pub import_frames: Option<ImportFramesArg>,
+}
+
+impl ViewArgs {
+    /// `--format`, else what `output`'s extension says.
+    fn format(&self, output: Option<&std::path::Path>) -> Option<Format> {
+        self.format.or_else(|| output.and_then(Format::from_path))
+    }
+
+    fn view(&self, format: Format) -> View {
+        view_for(format, self.paths, self.import_frames)
+    }
+}
+
+/// Where record writes its profile, and top with -o.
+#[derive(Args, Debug)]
+pub struct OutputArgs {
+    /// Output file (default pyprof-<pid or script>.<format extension>).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub view: ViewArgs,
+}
+
+/// What record and top share: the process, how to sample it, and where
+/// the profile goes.
+#[derive(Args, Debug)]
+pub struct RecordingArgs {
+    #[command(flatten)]
+    pub process: ProcessArgs,
+
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    #[command(flatten)]
+    pub recording: RecordingArgs,
+
+    /// A root node per thread, named with its name and id.
+    #[arg(long)]
+    pub threads: bool,
+
+    /// Aggregate by function, not by line.
+    #[arg(long)]
+    pub function: bool,
 
     /// No progress line and no summary.
     #[arg(short, long)]
@@ -187,46 +270,25 @@ pub struct RecordArgs {
     /// After the summary, how each snapshot was made one instant, counted.
     #[arg(short, long, conflicts_with = "quiet")]
     pub verbose: bool,
-
-    #[command(flatten)]
-    pub attach: AttachArgs,
-
-    /// Command to launch and profile from its start; its exit code becomes pyprof's.
-    #[arg(last = true)]
-    pub command: Vec<String>,
 }
 
 impl RecordArgs {
     pub fn into_config(self) -> anyhow::Result<RecordConfig> {
-        let target = match (self.pid, self.command.is_empty()) {
-            (Some(pid), true) => RecordTarget::Pid(pid),
-            (None, false) => RecordTarget::Launch(self.command),
-            (None, true) => anyhow::bail!("give --pid PID or a command after --, e.g. pyprof record -- python app.py"),
-            (Some(_), false) => anyhow::bail!("give either --pid or a command, not both"),
-        };
-        let format = match (self.format, &self.output) {
-            (Some(f), _) => f.into(),
-            (None, Some(path)) => Format::from_path(path).unwrap_or(Format::Flamegraph),
-            (None, None) => Format::Flamegraph,
-        };
-        let output = self.output.unwrap_or_else(|| default_output(&target, format));
-        let view = view_for(format, self.paths, self.import_frames);
-        let mut attach = self.attach.options();
-        attach.extras.exception = self.mode == ModeArg::Exception;
+        let RecordingArgs { process, sampling, output } = self.recording;
+        let target = process.target()?;
+        let format = output.view.format(output.output.as_deref()).unwrap_or(Format::Flamegraph);
+        let view = output.view.view(format);
+        let output = output.output.unwrap_or_else(|| default_output(&target, format));
+        let mut attach = process.attach.options();
+        sampling.apply(&mut attach);
         Ok(RecordConfig {
             target,
-            sampling: SamplingConfig {
-                rate_hz: self.rate,
-                duration: self.duration,
-                mode: self.mode.into(),
-                include_empty: self.include_idle_threads,
-                ..Default::default()
-            },
-            aggregate: AggregateOptions { by_function: self.function, thread_roots: self.threads, process_roots: self.subprocesses },
+            sampling: SamplingConfig { include_empty: process.include_idle_threads, ..sampling.config() },
+            aggregate: AggregateOptions { by_function: self.function, thread_roots: self.threads, process_roots: process.subprocesses },
             output,
             format,
             view,
-            subprocesses: self.subprocesses,
+            subprocesses: process.subprocesses,
             quiet: self.quiet,
             verbose: self.verbose,
             attach,
@@ -235,6 +297,7 @@ impl RecordArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(mut_arg("format", |a| a.help("Output format (default: from the -o extension)")))]
 pub struct ReportArgs {
     /// A profile written by `record --format json`.
     pub profile: PathBuf,
@@ -243,17 +306,8 @@ pub struct ReportArgs {
     #[arg(short, long)]
     pub output: PathBuf,
 
-    /// Output format (default: from the -o extension).
-    #[arg(short, long, value_enum)]
-    pub format: Option<FormatArg>,
-
-    /// File paths in labels, as for record.
-    #[arg(long, value_enum, value_name = "HOW")]
-    pub paths: Option<PathsArg>,
-
-    /// Import machinery frames, as for record.
-    #[arg(long, value_enum, value_name = "HOW")]
-    pub import_frames: Option<ImportFramesArg>,
+    #[command(flatten)]
+    pub view: ViewArgs,
 
     /// Heat map: read source files under this directory (a chroot's or
     /// container's filesystem) instead of /.
@@ -263,59 +317,27 @@ pub struct ReportArgs {
 
 impl ReportArgs {
     pub fn into_config(self) -> anyhow::Result<crate::report::ReportConfig> {
-        let format = match self.format {
-            Some(f) => f.into(),
-            None => Format::from_path(&self.output).ok_or_else(|| anyhow::anyhow!("cannot tell the format from {}: give --format", self.output.display()))?,
-        };
-        let view = view_for(format, self.paths, self.import_frames);
+        let format =
+            self.view.format(Some(&self.output)).ok_or_else(|| anyhow::anyhow!("cannot tell the format from {}: give --format", self.output.display()))?;
+        let view = self.view.view(format);
         Ok(crate::report::ReportConfig { input: self.profile, output: self.output, format, view, source_root: self.source_root })
     }
 }
 
+/// top takes record's sampling and output options; its -o is a copy of the
+/// session written on exit, so the options that shape -o need it.
 #[derive(Args, Debug)]
+#[command(
+    mut_arg("duration", |a| a.help("Stop sampling after this long (the view then waits for a key; without a terminal, top ends)")),
+    mut_arg("output", |a| a.help("Also write the whole session's profile here on exit (any record format; `r` in the view does not clear it)")),
+    mut_arg("format", |a| a.requires("output")),
+    mut_arg("paths", |a| a.requires("output")),
+    mut_arg("import_frames", |a| a.requires("output")),
+    mut_arg("command", |a| a.help("Command to launch and watch from its start (its output is discarded while the view runs)")),
+)]
 pub struct TopArgs {
-    /// Process id to attach to (or give a command after --).
-    #[arg(short, long, conflicts_with = "command")]
-    pub pid: Option<i32>,
-
-    /// Samples per second per thread, as for record.
-    #[arg(short, long, default_value = "100", value_parser = parse_rate)]
-    pub rate: f64,
-
-    /// Stop sampling after this long (the view then waits for a key;
-    /// without a terminal, top ends).
-    #[arg(short, long, value_parser = parse_duration)]
-    pub duration: Option<Duration>,
-
-    /// Also write the whole session's profile here on exit (any record format;
-    /// `r` in the view does not clear it).
-    #[arg(short, long)]
-    pub output: Option<PathBuf>,
-
-    /// Format of -o (default: from its extension, else flamegraph).
-    #[arg(short, long, value_enum, requires = "output")]
-    pub format: Option<FormatArg>,
-
-    /// wall: every thread; cpu: threads on a CPU; gil: the GIL holder;
-    /// exception: threads raising or handling an exception.
-    #[arg(long, value_enum, default_value = "wall")]
-    pub mode: ModeArg,
-
-    /// Also watch child processes started after attach.
-    #[arg(long)]
-    pub subprocesses: bool,
-
-    /// Count threads that have no Python frame at that moment.
-    #[arg(long)]
-    pub include_idle_threads: bool,
-
-    /// File paths in -o's labels, as for record.
-    #[arg(long, value_enum, value_name = "HOW", requires = "output")]
-    pub paths: Option<PathsArg>,
-
-    /// Import machinery frames in -o, as for record.
-    #[arg(long, value_enum, value_name = "HOW", requires = "output")]
-    pub import_frames: Option<ImportFramesArg>,
+    #[command(flatten)]
+    pub recording: RecordingArgs,
 
     /// Seconds between refreshes of the view (and between tables without a terminal).
     #[arg(long, default_value = "1", value_parser = parse_duration)]
@@ -324,42 +346,25 @@ pub struct TopArgs {
     /// Rows per table when stdout is not a terminal.
     #[arg(long, default_value_t = 20)]
     pub rows: usize,
-
-    #[command(flatten)]
-    pub attach: AttachArgs,
-
-    /// Command to launch and watch from its start (its output is discarded while the view runs).
-    #[arg(last = true)]
-    pub command: Vec<String>,
 }
 
 impl TopArgs {
     pub fn into_config(self) -> anyhow::Result<crate::top::TopConfig> {
-        let record = RecordArgs {
-            pid: self.pid,
-            rate: self.rate,
-            duration: self.duration,
-            output: Some(self.output.clone().unwrap_or_else(crate::top::unused_output)),
-            format: self.format,
-            mode: self.mode,
-            threads: false,
-            function: false,
-            subprocesses: self.subprocesses,
-            include_idle_threads: self.include_idle_threads,
-            paths: self.paths,
-            import_frames: self.import_frames,
-            quiet: true,
-            verbose: false,
-            attach: self.attach,
-            command: self.command,
-        }
-        .into_config()
-        .map_err(|e| anyhow::anyhow!(e.to_string().replace("pyprof record", "pyprof top")))?;
-        Ok(crate::top::TopConfig { record, write: self.output.is_some(), rows: self.rows, refresh: self.refresh })
+        let mut recording = self.recording;
+        let write = recording.output.output.is_some();
+        recording.output.output.get_or_insert_with(crate::top::unused_output);
+        let record = RecordArgs { recording, threads: false, function: false, quiet: true, verbose: false }
+            .into_config()
+            .map_err(|e| anyhow::anyhow!(e.to_string().replace("pyprof record", "pyprof top")))?;
+        Ok(crate::top::TopConfig { record, write, rows: self.rows, refresh: self.refresh })
     }
 }
 
 #[derive(Args, Debug)]
+#[command(
+    mut_arg("rate", |a| a.help("Samples per second per thread (the CPU budget may lower it)")),
+    mut_arg("duration", |a| a.help("Stop after this long (default: on SIGINT or SIGTERM)")),
+)]
 pub struct AgentArgs {
     /// Process id to profile; repeatable.
     #[arg(short, long = "pid", value_name = "PID")]
@@ -377,14 +382,8 @@ pub struct AgentArgs {
     #[arg(long, value_name = "REGEX", requires = "all_python")]
     pub exclude: Option<String>,
 
-    /// Samples per second per thread (the CPU budget may lower it).
-    #[arg(short, long, default_value = "100", value_parser = parse_rate)]
-    pub rate: f64,
-
-    /// wall: every thread; cpu: threads on a CPU; gil: the GIL holder;
-    /// exception: threads raising or handling an exception.
-    #[arg(long, value_enum, default_value = "wall")]
-    pub mode: ModeArg,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
 
     /// CPU budget of the agent, in percent of one CPU: over it, the rate is lowered.
     #[arg(long, value_name = "PERCENT", default_value = "2%", value_parser = parse_percent)]
@@ -405,10 +404,6 @@ pub struct AgentArgs {
     /// Extra label on every profile, as KEY=VALUE; repeatable.
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
-
-    /// Stop after this long (default: on SIGINT or SIGTERM).
-    #[arg(short, long, value_parser = parse_duration)]
-    pub duration: Option<Duration>,
 
     /// Grafana Pyroscope URL to push to ({URL}/ingest).
     #[arg(long, value_name = "URL")]
@@ -452,17 +447,17 @@ impl AgentArgs {
         }
         let mut attach = SessionOptions::default();
         attach.extras.gc = true;
-        attach.extras.exception = self.mode == ModeArg::Exception;
+        self.sampling.apply(&mut attach);
         Ok(crate::agent::AgentConfig {
             selection,
-            rate_hz: self.rate,
-            mode: self.mode.into(),
+            rate_hz: self.sampling.rate,
+            mode: self.sampling.mode.into(),
             max_cpu: Some(self.max_cpu / 100.0),
             listen: self.listen,
             interval: self.interval,
             service: self.service,
             labels: self.labels,
-            duration: self.duration,
+            duration: self.sampling.duration,
             push: crate::agent::export::PushOptions { pyroscope: self.push, otlp: self.otlp, headers },
             attach,
         })
@@ -633,6 +628,56 @@ mod tests {
         assert!(parse_duration("0").is_err());
     }
 
+    fn parse(args: &str) -> Command {
+        Cli::try_parse_from(std::iter::once("pyprof").chain(args.split_whitespace())).unwrap_or_else(|e| panic!("{args}: {e}")).command
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        // Catches a `mut_arg` naming an argument that is not there, and
+        // clashes between flattened groups, which clap reports only at run time.
+        <Cli as clap::CommandFactory>::command().debug_assert();
+    }
+
+    #[test]
+    fn record_top_and_agent_read_the_shared_sampling_options_alike() {
+        let Command::Record(record) = parse("record --pid 7 -r 10k -d 2 --mode exception -o out.json") else { panic!() };
+        let record = record.into_config().unwrap();
+        let Command::Top(top) = parse("top --pid 7 -r 10k -d 2 --mode exception -o out.json") else { panic!() };
+        let top = top.into_config().unwrap();
+        let Command::Agent(agent) = parse("agent --pid 7 -r 10k -d 2 --mode exception --listen 127.0.0.1:0") else { panic!() };
+        let agent = agent.into_config().unwrap();
+        for sampling in [&record.sampling, &top.record.sampling] {
+            assert_eq!((sampling.rate_hz, sampling.duration, sampling.mode), (10_000.0, Some(Duration::from_secs(2)), Mode::Exception));
+        }
+        assert_eq!((agent.rate_hz, agent.duration, agent.mode), (10_000.0, Some(Duration::from_secs(2)), Mode::Exception));
+        // Exception mode needs each thread's exception state read.
+        assert!(record.attach.extras.exception && top.record.attach.extras.exception && agent.attach.extras.exception);
+        assert!(matches!(record.target, RecordTarget::Pid(7)) && matches!(top.record.target, RecordTarget::Pid(7)));
+        assert_eq!((record.format, top.record.format, top.write), (Format::Json, Format::Json, true));
+
+        let Command::Top(top) = parse("top -- python3 app.py") else { panic!() };
+        let top = top.into_config().unwrap();
+        assert!(!top.write && !top.record.attach.extras.exception);
+        assert!(matches!(&top.record.target, RecordTarget::Launch(c) if c == &["python3", "app.py"]));
+    }
+
+    #[test]
+    fn format_from_the_option_else_the_extension_else_flamegraph() {
+        let format = |args: &str| match parse(args) {
+            Command::Record(r) => r.into_config().unwrap().format,
+            _ => unreachable!(),
+        };
+        assert_eq!(format("record --pid 1 -o a.json -f collapsed"), Format::Collapsed);
+        assert_eq!(format("record --pid 1 -o a.speedscope.json"), Format::Speedscope);
+        assert_eq!(format("record --pid 1 -o a.bin"), Format::Flamegraph);
+        assert_eq!(format("record --pid 1"), Format::Flamegraph);
+        // Every format is taken by its own name.
+        for f in Format::ALL {
+            assert_eq!(format(&format!("record --pid 1 -f {}", f.name())), f);
+        }
+    }
+
     #[test]
     fn views_default_by_format_and_options_override() {
         assert_eq!(view_for(Format::Flamegraph, None, None), View::READABLE);
@@ -738,27 +783,19 @@ impl From<ModeArg> for Mode {
     }
 }
 
-/// `--format`, as clap sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum FormatArg {
-    Flamegraph,
-    Collapsed,
-    Speedscope,
-    Pprof,
-    Json,
-    /// Self-contained HTML: the program's source, lines shaded by samples.
-    Heatmap,
-}
+/// `--format` takes the library's formats by their names. The impl lives
+/// here, not in `output`, because this is the one module that knows clap.
+impl clap::ValueEnum for Format {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Format::ALL
+    }
 
-impl From<FormatArg> for Format {
-    fn from(f: FormatArg) -> Format {
-        match f {
-            FormatArg::Flamegraph => Format::Flamegraph,
-            FormatArg::Collapsed => Format::Collapsed,
-            FormatArg::Speedscope => Format::Speedscope,
-            FormatArg::Pprof => Format::Pprof,
-            FormatArg::Json => Format::Json,
-            FormatArg::Heatmap => Format::Heatmap,
-        }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let value = clap::builder::PossibleValue::new(self.name());
+        Some(match self {
+            // The one name that does not say what it writes.
+            Format::Heatmap => value.help("Self-contained HTML: the program's source, lines shaded by samples"),
+            _ => value,
+        })
     }
 }

@@ -9,7 +9,11 @@
 //! then walks interpreters → thread states ([`python::threads`]) → frames
 //! ([`python::frames`]) → code objects ([`python::code`], cached) and maps each
 //! instruction to a line ([`python::linetable`]). All reads go through
-//! [`process::memory::RemoteMemory`] (`process_vm_readv`; the target never stops).
+//! [`process::memory::RemoteMemory`] (`process_vm_readv`). So that each
+//! sample is one instant, the thread that holds the GIL is held
+//! still for the length of the read (ptrace, a few microseconds) unless it
+//! is proven off CPU; `--nonblocking` never stops anything and `--native`
+//! stops every Python thread for its sample (docs/sampling.md).
 
 pub mod acquire;
 pub mod agent;

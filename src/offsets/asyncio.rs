@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{FieldMap, Offsets};
+use super::{FieldMap, Offsets, table};
 use crate::error::{Error, Result};
 
 /// How a task finds the task (or future) awaiting it.
@@ -522,7 +522,6 @@ pub fn pure_python_only(interp: &Offsets, debug: &FieldMap) -> Result<AsyncioOff
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::offsets::table;
 
     #[test]
     fn every_file_up_to_3_13_loads() {
