@@ -151,17 +151,41 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<Request>, (Refusal, Response)> {
     }
 }
 
+/// A socket whose reads end at a deadline however the bytes trickle in:
+/// rustls reads a handshake in as many reads as it takes, and each is
+/// given only what is left.
+struct Timed {
+    tcp: TcpStream,
+    deadline: Instant,
+}
+
+impl Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        until(&self.tcp, self.deadline)?;
+        self.tcp.read(buf)
+    }
+}
+
+impl Write for Timed {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.tcp.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.tcp.flush()
+    }
+}
+
 /// A connection, plain or TLS.
 enum Conn {
-    Plain(TcpStream),
-    Tls(Box<StreamOwned<ServerConnection, TcpStream>>),
+    Plain(Timed),
+    Tls(Box<StreamOwned<ServerConnection, Timed>>),
 }
 
 impl Conn {
     fn tcp(&self) -> &TcpStream {
         match self {
-            Conn::Plain(s) => s,
-            Conn::Tls(s) => &s.sock,
+            Conn::Plain(s) => &s.tcp,
+            Conn::Tls(s) => &s.sock.tcp,
         }
     }
 }
@@ -228,7 +252,7 @@ pub fn spawn(listener: TcpListener, tls: Option<Arc<ServerConfig>>, handler: Arc
             let (tls, serving) = (tls.clone(), handler.clone());
             let spawned = std::thread::Builder::new().name("pyprof-request".into()).spawn(move || {
                 let _slot = slot;
-                serve(stream, tls, &*serving);
+                serve(stream, tls, &*serving, HEAD_DEADLINE);
             });
             if spawned.is_err() {
                 handler.refused(Refusal::Busy);
@@ -247,26 +271,27 @@ impl Drop for Slot {
     }
 }
 
-fn serve(stream: TcpStream, tls: Option<Arc<ServerConfig>>, handler: &dyn Handler) {
-    let deadline = Instant::now() + HEAD_DEADLINE;
+fn serve(stream: TcpStream, tls: Option<Arc<ServerConfig>>, handler: &dyn Handler, head_within: Duration) {
+    let deadline = Instant::now() + head_within;
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let _ = stream.set_nodelay(true);
+    let timed = Timed { tcp: stream, deadline };
     let mut conn = match tls {
-        None => Conn::Plain(stream),
-        Some(config) => match speaks_tls(&stream, deadline) {
+        None => Conn::Plain(timed),
+        Some(config) => match speaks_tls(&timed.tcp, deadline) {
             Ok(true) => match ServerConnection::new(config) {
-                Ok(c) => Conn::Tls(Box::new(StreamOwned::new(c, stream))),
+                Ok(c) => Conn::Tls(Box::new(StreamOwned::new(c, timed))),
                 Err(_) => return handler.refused(Refusal::TlsHandshake),
             },
             Ok(false) => {
                 handler.refused(Refusal::PlainHttpOnTls);
-                let mut plain = Conn::Plain(stream);
+                let mut plain = Conn::Plain(timed);
                 return finish(&mut plain, &Response::text(400, "this port speaks HTTPS: use https://"));
             }
             Err(e) => return handler.refused(if timed_out(&e) { Refusal::Timeout } else { Refusal::Closed }),
         },
     };
-    let response = match read_head(&mut conn, deadline) {
+    let response = match read_head(&mut conn) {
         Ok(request) => handler.handle(&request),
         Err(HeadError::Refused(why, response)) => {
             handler.refused(why);
@@ -278,7 +303,7 @@ fn serve(stream: TcpStream, tls: Option<Arc<ServerConfig>>, handler: &dyn Handle
             match (timed_out(&e), handshaking) {
                 (true, false) => {
                     handler.refused(Refusal::Timeout);
-                    Response::text(408, &format!("the request head did not arrive within {} s", HEAD_DEADLINE.as_secs()))
+                    Response::text(408, &format!("the request head did not arrive within {} s", head_within.as_secs()))
                 }
                 (true, true) => return handler.refused(Refusal::Timeout),
                 (false, true) => return handler.refused(Refusal::TlsHandshake),
@@ -305,11 +330,10 @@ enum HeadError {
     Io(io::Error),
 }
 
-fn read_head(conn: &mut Conn, deadline: Instant) -> Result<Request, HeadError> {
+fn read_head(conn: &mut Conn) -> Result<Request, HeadError> {
     let mut buf = vec![0u8; MAX_HEAD];
     let mut len = 0;
     loop {
-        until(conn.tcp(), deadline).map_err(HeadError::Io)?;
         let n = match conn.read(&mut buf[len..]) {
             Ok(0) => return Err(HeadError::Io(io::ErrorKind::UnexpectedEof.into())),
             Ok(n) => n,
@@ -338,11 +362,11 @@ fn finish(conn: &mut Conn, response: &Response) {
     }
     let tcp = conn.tcp();
     let _ = tcp.shutdown(Shutdown::Write);
-    let _ = tcp.set_read_timeout(Some(Duration::from_millis(500)));
+    let deadline = Instant::now() + Duration::from_millis(500);
     let mut sink = [0u8; 4096];
     let mut left = 256 * 1024;
     let mut raw = tcp;
-    while left > 0 {
+    while left > 0 && until(tcp, deadline).is_ok() {
         match raw.read(&mut sink) {
             Ok(0) | Err(_) => break,
             Ok(n) => left -= n.min(left),
@@ -368,5 +392,62 @@ mod tests {
         assert_eq!(status(parse_head(&long_line)), Err(414));
         let many = [b"GET / HTTP/1.1\r\n".as_slice(), &b"X-A: b\r\n".repeat(MAX_HEAD / 8)].concat();
         assert_eq!(status(parse_head(&many[..MAX_HEAD])), Err(431));
+    }
+
+    /// Keeps the refusals.
+    #[derive(Default)]
+    struct Keep(std::sync::Mutex<Vec<Refusal>>);
+
+    impl Handler for Keep {
+        fn handle(&self, _: &Request) -> Response {
+            Response::text(200, "ok")
+        }
+        fn refused(&self, why: Refusal) {
+            self.0.lock().unwrap().push(why);
+        }
+    }
+
+    fn tls_config() -> Arc<ServerConfig> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap().self_signed(&key).unwrap();
+        let der = rustls_pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+        let config = ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], der)
+            .unwrap();
+        Arc::new(config)
+    }
+
+    /// A client that sends `first`, then a byte every 50 ms for 5 s, is cut
+    /// off at the deadline, in the TLS handshake as in a plain head.
+    #[test]
+    fn a_trickling_client_is_cut_off_at_the_deadline() {
+        // A TLS record header announcing 16 KiB of ClientHello; a request line.
+        for (first, tls) in [(&[0x16u8, 0x03, 0x01, 0x40, 0x00][..], Some(tls_config())), (&b"GET /metrics HTTP/1.1\r\nX: "[..], None)] {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let first = first.to_vec();
+            let client = std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.write_all(&first).unwrap();
+                for _ in 0..100 {
+                    std::thread::sleep(Duration::from_millis(50));
+                    if s.write_all(b"a").is_err() {
+                        break;
+                    }
+                }
+            });
+            let (stream, _) = listener.accept().unwrap();
+            let keep = Keep::default();
+            let t0 = Instant::now();
+            serve(stream, tls.clone(), &keep, Duration::from_millis(300));
+            let took = t0.elapsed();
+            // 300 ms, then at most 500 ms draining a plain client's rest.
+            assert!(took < Duration::from_millis(1500), "tls={}: served {took:?} against a deadline of 300 ms", tls.is_some());
+            assert_eq!(*keep.0.lock().unwrap(), [Refusal::Timeout]);
+            client.join().unwrap();
+        }
     }
 }

@@ -47,7 +47,7 @@ pub fn check_exposure(addr: &SocketAddr, token: bool, tls: bool, insecure: bool)
         return Ok(());
     }
     Err(format!(
-        "refusing to serve profiles on {addr}, beyond this host, to anyone who connects: give --token-file FILE (or {}) and --tls-cert/--tls-key, listen on 127.0.0.1, or say --insecure-listen",
+        "refusing to serve profiles on {addr} to anyone who connects: give a token (--token-file FILE or {}) or TLS (--tls-cert, --tls-key), best both; or listen on 127.0.0.1; or say --insecure-listen",
         super::auth::TOKEN_ENV
     ))
 }
@@ -170,6 +170,20 @@ fn render_metrics(ctx: &Ctx) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exposure() {
+        let at = |a: &str| a.parse::<SocketAddr>().unwrap();
+        for open in ["127.0.0.1:7433", "127.8.9.1:7433", "[::1]:7433", "[::ffff:127.0.0.1]:7433"] {
+            assert!(check_exposure(&at(open), false, false, false).is_ok(), "{open}");
+        }
+        for wide in ["0.0.0.0:7433", "[::]:7433", "10.1.2.3:7433", "[::ffff:10.1.2.3]:7433"] {
+            assert!(check_exposure(&at(wide), false, false, false).unwrap_err().contains("--insecure-listen"), "{wide}");
+            assert!(check_exposure(&at(wide), true, false, false).is_ok());
+            assert!(check_exposure(&at(wide), false, true, false).is_ok());
+            assert!(check_exposure(&at(wide), false, false, true).is_ok());
+        }
+    }
 
     #[test]
     fn queries() {
