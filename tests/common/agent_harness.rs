@@ -57,10 +57,12 @@ impl AgentProcess {
         let pipe = child.stderr.take().unwrap();
         std::thread::spawn(move || {
             for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                if let Some(port) = port_of(&line) {
+                let port = port_of(&line);
+                // Kept before the port is told, so a test sees the line it waited for.
+                lines.lock().unwrap().push(line);
+                if let Some(port) = port {
                     let _ = tx.send(port);
                 }
-                lines.lock().unwrap().push(line);
             }
         });
         let port = match rx.recv_timeout(Duration::from_secs(30)) {
