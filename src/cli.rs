@@ -418,6 +418,42 @@ pub struct AgentArgs {
     /// token need not sit on the command line.
     #[arg(long = "header", value_name = "NAME: VALUE")]
     pub headers: Vec<String>,
+
+    #[command(flatten)]
+    pub access: ListenAccessArgs,
+}
+
+/// Who may read `--listen` (agent only).
+#[derive(Args, Debug)]
+pub struct ListenAccessArgs {
+    /// File holding the token scrapers must send (Authorization: Bearer TOKEN).
+    /// Else PYPROF_AGENT_TOKEN, if set. Never printed; reread on SIGHUP.
+    #[arg(long, value_name = "FILE", requires = "listen")]
+    pub token_file: Option<PathBuf>,
+
+    /// Serve HTTPS with this PEM certificate chain (reread on SIGHUP).
+    #[arg(long, value_name = "FILE", requires_all = ["listen", "tls_key"])]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The certificate's PEM private key (reread on SIGHUP).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Serve beyond this host with neither a token nor TLS.
+    #[arg(long, requires = "listen")]
+    pub insecure_listen: bool,
+}
+
+impl ListenAccessArgs {
+    /// The token's source: the file, else the environment (only with --listen).
+    fn token(&self, listen: bool) -> Option<crate::agent::auth::TokenSource> {
+        use crate::agent::auth::{TOKEN_ENV, TokenSource};
+        match &self.token_file {
+            Some(path) => Some(TokenSource::File(path.clone())),
+            None if listen && std::env::var_os(TOKEN_ENV).is_some() => Some(TokenSource::Env),
+            None => None,
+        }
+    }
 }
 
 impl AgentArgs {
@@ -453,6 +489,9 @@ impl AgentArgs {
             rate_hz: self.sampling.rate,
             mode: self.sampling.mode.into(),
             max_cpu: Some(self.max_cpu / 100.0),
+            token: self.access.token(self.listen.is_some()),
+            tls: self.access.tls_cert.zip(self.access.tls_key),
+            insecure_listen: self.access.insecure_listen,
             listen: self.listen,
             interval: self.interval,
             service: self.service,

@@ -51,6 +51,8 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         // The push exporters (agent::push) are wired in here when they exist.
         Command::Agent(args) => {
             let cfg = args.into_config()?;
+            // Before the exporters start their threads: all must inherit it.
+            agent::reload::hold_sighup();
             agent::run(&cfg, agent::push::exporters(&cfg.push)?)
         }
     }

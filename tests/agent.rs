@@ -3,29 +3,22 @@
 //! that start and exit while it runs (a chroot's among them), the CPU
 //! budget on 16 busy targets, and the one-line errors.
 
+#[path = "common/agent_harness.rs"]
+mod agent_harness;
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{Interpreter, TargetProcess, in_ci, interpreters, pyprof, pyprof_bin, skipped, spawn_argv, temp_dir};
+use agent_harness::{AgentProcess, go_available, interpreter};
+use common::{TargetProcess, pyprof, pyprof_bin, spawn_argv, temp_dir};
 use prost::Message;
 use pyprof::output::pprof::proto;
-
-/// The interpreter labelled `label`; None (skipped, or a failure in CI) when absent.
-fn interpreter(label: &str) -> Option<Interpreter> {
-    let found = interpreters().into_iter().find(|i| i.label == label);
-    if found.is_none() {
-        assert!(!in_ci(), "{label} is needed (scripts/setup-fixtures.sh)");
-        skipped(&format!("{label} not available"));
-    }
-    found
-}
 
 /// The tests that measure rates and shares run one at a time: the budget's
 /// 16 spinning targets beside another test would measure the machine.
@@ -35,57 +28,25 @@ fn heavy() -> std::sync::MutexGuard<'static, ()> {
     HEAVY.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn go_available() -> bool {
-    let ok = Command::new("go").arg("version").output().is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(!in_ci(), "go not installed (Debian package golang-go); run scripts/setup-fixtures.sh");
-        skipped("go not installed (Debian package golang-go)");
+/// A running agent on a loopback port.
+struct Agent(AgentProcess);
+
+impl std::ops::Deref for Agent {
+    type Target = AgentProcess;
+    fn deref(&self) -> &AgentProcess {
+        &self.0
     }
-    ok
 }
 
-/// A running agent, stopped with SIGTERM (then killed) when dropped.
-struct Agent {
-    child: Child,
-    port: u16,
-    stderr: Arc<Mutex<Vec<String>>>,
+impl std::ops::DerefMut for Agent {
+    fn deref_mut(&mut self) -> &mut AgentProcess {
+        &mut self.0
+    }
 }
 
 impl Agent {
     fn start(args: &[&str]) -> Agent {
-        let mut child = Command::new(pyprof_bin())
-            .arg("agent")
-            .args(args)
-            .args(["--listen", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start pyprof agent");
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let lines = stderr.clone();
-        let pipe = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                if let Some(port) = line.split("http://127.0.0.1:").nth(1).and_then(|r| r.split(' ').next()).and_then(|p| p.parse::<u16>().ok()) {
-                    let _ = tx.send(port);
-                }
-                lines.lock().unwrap().push(line);
-            }
-        });
-        let port = match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(p) => p,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("the agent did not say where it listens: {:?}", stderr.lock().unwrap());
-            }
-        };
-        Agent { child, port, stderr }
-    }
-
-    fn stderr(&self) -> Vec<String> {
-        self.stderr.lock().unwrap().clone()
+        Agent(AgentProcess::start(&[args, &["--listen", "127.0.0.1:0"]].concat(), &[]))
     }
 
     /// GET `path`: (status, body).
@@ -133,34 +94,6 @@ impl Agent {
         let (status, body) = self.get(&format!("/debug/pprof/profile?{query}"));
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
         decode(&body)
-    }
-}
-
-impl Agent {
-    /// SIGTERM, as systemd stops it: its exit status, if it exited within 10 s.
-    fn terminate(&mut self) -> Option<std::process::ExitStatus> {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            return Some(status);
-        }
-        // SAFETY: plain syscall on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let end = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < end {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if self.terminate().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
     }
 }
 

@@ -22,6 +22,8 @@ pub struct Counts {
     pub ignored: BTreeMap<&'static str, u64>,
     /// Pull requests answered, by status code.
     pub requests: BTreeMap<u16, u64>,
+    /// Connections and requests the HTTP server turned away, by reason.
+    pub refused: BTreeMap<&'static str, u64>,
 }
 
 #[derive(Default)]
@@ -48,6 +50,10 @@ impl Counters {
     pub fn answered(&self, status: u16) {
         *self.lock().requests.entry(status).or_insert(0) += 1;
     }
+
+    pub fn refused(&self, reason: &'static str) {
+        *self.lock().refused.entry(reason).or_insert(0) += 1;
+    }
 }
 
 fn metric(name: &str, help: &'static str, kind: MetricKind, labels: &[(&str, &str)], value: f64) -> Metric {
@@ -72,6 +78,17 @@ pub fn rows(c: &Counts) -> Vec<Metric> {
     }
     for (reason, n) in &c.ignored {
         out.push(metric("pyprof_agent_ignored_processes_total", "Processes discovery left alone, by reason.", Counter, &[("reason", reason)], *n as f64));
+    }
+    let mut refused: BTreeMap<&str, u64> = super::http::Refusal::ALL.iter().map(|r| (r.label(), 0)).collect();
+    refused.extend(c.refused.iter().map(|(k, v)| (*k, *v)));
+    for (reason, n) in refused {
+        out.push(metric(
+            "pyprof_agent_http_refused_total",
+            "Connections and requests the HTTP server turned away, by reason.",
+            Counter,
+            &[("reason", reason)],
+            n as f64,
+        ));
     }
     for (code, n) in &c.requests {
         out.push(metric("pyprof_agent_pull_requests_total", "Profile requests answered, by status.", Counter, &[("code", &code.to_string())], *n as f64));

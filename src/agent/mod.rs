@@ -9,17 +9,22 @@
 //! the rate. Every `--interval` the push window is cut and each target's
 //! [`Interval`](interval::Interval) is offered to each exporter, which never blocks.
 
+pub mod auth;
 pub mod budget;
 pub mod discover;
 pub mod export;
+pub mod http;
 pub mod interval;
 pub mod labels;
 pub mod metrics;
 pub mod pull;
 pub mod push;
+pub mod reload;
 pub mod server;
+pub mod tls;
 pub mod window;
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -46,6 +51,12 @@ pub struct AgentConfig {
     pub max_cpu: Option<f64>,
     /// `--listen ADDR:PORT`.
     pub listen: Option<String>,
+    /// Where the token scrapers must present comes from; None: no token.
+    pub token: Option<auth::TokenSource>,
+    /// `--tls-cert`, `--tls-key`.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// `--insecure-listen`: serve beyond loopback with neither.
+    pub insecure_listen: bool,
     /// Push interval.
     pub interval: Duration,
     pub service: Option<String>,
@@ -85,8 +96,17 @@ fn offer_all(exporters: &Mutex<Vec<Box<dyn Exporter>>>, windows: &Windows, rate_
 
 /// Runs until SIGINT, SIGTERM or `--duration`; returns the exit code.
 pub fn run(cfg: &AgentConfig, exporters: Vec<Box<dyn Exporter>>) -> anyhow::Result<i32> {
-    // First: a port in use must fail before anything is attached.
+    // First: a port in use, or a token or certificate that cannot be read,
+    // must fail before anything is attached.
+    let token = cfg.token.clone().map(auth::Token::load).transpose()?.map(Arc::new);
+    let tls = cfg.tls.clone().map(|(cert, key)| tls::Tls::load(cert, key)).transpose()?;
     let listener = cfg.listen.as_deref().map(server::bind).transpose()?;
+    if let Some((_, addr)) = &listener {
+        if let Err(e) = server::check_exposure(addr, token.is_some(), tls.is_some(), cfg.insecure_listen) {
+            eprintln!("pyprof: {e}");
+            return Ok(2);
+        }
+    }
     sampler::install_signal_handlers();
     let windows = Windows::new(cfg.mode, !exporters.is_empty());
     let counters = Arc::new(Counters::default());
@@ -99,18 +119,23 @@ pub fn run(cfg: &AgentConfig, exporters: Vec<Box<dyn Exporter>>) -> anyhow::Resu
     let mut sessions = Vec::new();
     finder.attach_given(&mut sessions)?;
 
-    if let Some((server, addr)) = listener {
+    if let Some((listener, addr)) = listener {
         let ctx = Arc::new(server::Ctx {
             windows: windows.clone(),
             counters: counters.clone(),
             budget: budget.clone(),
             exporters: exporters.clone(),
             stop: stop.clone(),
+            token: token.clone(),
         });
-        server::spawn(server, ctx);
+        let config = tls.as_ref().map(|t| t.server_config()).transpose()?;
+        http::spawn(listener, config, ctx).context("cannot start the HTTP thread")?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let asks = if token.is_some() { "; token required" } else { "" };
         // Tests and scripts read the port from here when they asked for port 0.
-        eprintln!("pyprof agent: listening on http://{addr} (/debug/pprof/profile, /metrics)");
+        eprintln!("pyprof agent: listening on {scheme}://{addr} (/debug/pprof/profile, /metrics{asks})");
     }
+    reload::spawn(reload::Reloadable { tls, token }).context("cannot start the SIGHUP thread")?;
     let ticking = windows.clone();
     budget.spawn(stop.clone(), move || ticking.ticks());
     let pusher = {

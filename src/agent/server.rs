@@ -1,19 +1,19 @@
 //! `--listen`: the HTTP endpoint scrapers pull from. `GET
 //! /debug/pprof/profile?seconds=N[&pid=P]` answers as Go's net/http/pprof
 //! does (counts for N seconds from the request, then the gzipped pprof);
-//! `GET /metrics` is Prometheus text. Requests are served on threads of
-//! their own, so a long profile request never holds up sampling or another
-//! request.
+//! `GET /metrics` is Prometheus text. With a token, every path asks for it
+//! first. Requests are served on threads of their own ([`super::http`]),
+//! so a long profile request never holds up sampling or another request.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tiny_http::{Header, Request, Response, Server};
-
+use super::auth::{Token, Verdict};
 use super::budget::Budget;
 use super::export::{Exporter, Metric, MetricKind};
+use super::http::{self, Refusal, Request, Response};
 use super::metrics::{self, Counters};
 use super::window::Windows;
 
@@ -28,53 +28,64 @@ pub struct Ctx {
     pub budget: Arc<Budget>,
     pub exporters: Arc<Mutex<Vec<Box<dyn Exporter>>>>,
     pub stop: Arc<AtomicBool>,
+    /// None: anyone who reaches the port may read.
+    pub token: Option<Arc<Token>>,
 }
 
 /// Binds `addr` now, so a port in use is an error before any sampling.
-pub fn bind(addr: &str) -> anyhow::Result<(Server, SocketAddr)> {
-    let server = Server::http(addr).map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-    let local = server.server_addr().to_ip().ok_or_else(|| anyhow::anyhow!("cannot listen on {addr}: not an IP address"))?;
-    Ok((server, local))
+pub fn bind(addr: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    Ok((listener, local))
 }
 
-pub fn spawn(server: Server, ctx: Arc<Ctx>) {
-    std::thread::Builder::new()
-        .name("pyprof-http".into())
-        .spawn(move || {
-            for request in server.incoming_requests() {
-                let ctx = ctx.clone();
-                // A thread per request: profile requests wait for seconds.
-                let _ = std::thread::Builder::new().name("pyprof-request".into()).spawn(move || handle(request, &ctx));
-            }
-        })
-        .expect("spawn the HTTP thread");
-}
-
-fn text(status: u16, body: &str) -> Response<std::io::Cursor<Vec<u8>>> {
-    let line = if body.ends_with('\n') { body.to_string() } else { format!("{body}\n") };
-    Response::from_data(line.into_bytes()).with_status_code(status).with_header(header("Content-Type", "text/plain; charset=utf-8"))
-}
-
-fn header(k: &str, v: &str) -> Header {
-    Header::from_bytes(k.as_bytes(), v.as_bytes()).expect("a valid header")
-}
-
-fn handle(request: Request, ctx: &Ctx) {
-    let url = request.url().to_string();
-    let (path, query) = url.split_once('?').unwrap_or((&url, ""));
-    let response = match (request.method(), path) {
-        (tiny_http::Method::Get, "/debug/pprof/profile") => profile(query, ctx),
-        (tiny_http::Method::Get, "/metrics") => {
-            Response::from_data(render_metrics(ctx).into_bytes()).with_header(header("Content-Type", "text/plain; version=0.0.4; charset=utf-8"))
-        }
-        (_, "/debug/pprof/profile" | "/metrics") => text(405, "method not allowed: use GET"),
-        _ => text(404, &format!("not found: {path} (try /debug/pprof/profile?seconds=N or /metrics)")),
-    };
-    if path == "/debug/pprof/profile" {
-        ctx.counters.answered(response.status_code().0);
+/// Stacks name functions and files, and `/metrics` names processes: off
+/// this host they are only served to a token holder or over TLS, unless
+/// the user says otherwise.
+pub fn check_exposure(addr: &SocketAddr, token: bool, tls: bool, insecure: bool) -> Result<(), String> {
+    if addr.ip().to_canonical().is_loopback() || token || tls || insecure {
+        return Ok(());
     }
-    // The client may have gone: nothing to do about it.
-    let _ = request.respond(response);
+    Err(format!(
+        "refusing to serve profiles on {addr} to anyone who connects: give a token (--token-file FILE or {}) or TLS (--tls-cert, --tls-key), best both; or listen on 127.0.0.1; or say --insecure-listen",
+        super::auth::TOKEN_ENV
+    ))
+}
+
+fn metrics_response(ctx: &Ctx) -> Response {
+    Response { status: 200, headers: vec![("Content-Type", "text/plain; version=0.0.4; charset=utf-8".into())], body: render_metrics(ctx).into_bytes() }
+}
+
+fn unauthorized(verdict: Verdict) -> Response {
+    match verdict {
+        Verdict::Wrong => Response::text(401, "wrong token").with_header("WWW-Authenticate", r#"Bearer realm="pyprof", error="invalid_token""#),
+        _ => Response::text(401, "this agent asks for a token: Authorization: Bearer TOKEN").with_header("WWW-Authenticate", r#"Bearer realm="pyprof""#),
+    }
+}
+
+impl http::Handler for Ctx {
+    fn handle(&self, request: &Request) -> Response {
+        let (path, query) = request.target.split_once('?').unwrap_or((&request.target, ""));
+        let verdict = self.token.as_ref().map_or(Verdict::Allowed, |t| t.check(request.authorization.as_deref()));
+        let response = match (verdict, request.method.as_str(), path) {
+            (Verdict::Missing | Verdict::Wrong, _, _) => {
+                self.refused(Refusal::Unauthorized);
+                unauthorized(verdict)
+            }
+            (_, "GET", "/debug/pprof/profile") => profile(query, self),
+            (_, "GET", "/metrics") => metrics_response(self),
+            (_, _, "/debug/pprof/profile" | "/metrics") => Response::text(405, "method not allowed: use GET"),
+            _ => Response::text(404, &format!("not found: {path} (try /debug/pprof/profile?seconds=N or /metrics)")),
+        };
+        if path == "/debug/pprof/profile" {
+            self.counters.answered(response.status);
+        }
+        response.with_header("X-Content-Type-Options", "nosniff")
+    }
+
+    fn refused(&self, why: Refusal) {
+        self.counters.refused(why.label());
+    }
 }
 
 struct Query {
@@ -102,32 +113,30 @@ fn parse_query(query: &str) -> Result<Query, String> {
     Ok(q)
 }
 
-fn profile(query: &str, ctx: &Ctx) -> Response<std::io::Cursor<Vec<u8>>> {
+fn profile(query: &str, ctx: &Ctx) -> Response {
     let q = match parse_query(query) {
         Ok(q) => q,
-        Err(e) => return text(400, &e),
+        Err(e) => return Response::text(400, &e),
     };
     if let Some(pid) = q.pid.filter(|&p| !ctx.windows.has_target(p)) {
-        return text(404, &format!("pid {pid} is not a target of this agent (see pyprof_agent_target_info in /metrics)"));
+        return Response::text(404, &format!("pid {pid} is not a target of this agent (see pyprof_agent_target_info in /metrics)"));
     }
     let Some(id) = ctx.windows.start_pull(q.pid) else {
-        return text(503, &format!("{} profile requests are in progress already; try again later", super::window::MAX_PULLS));
+        return Response::text(503, &format!("{} profile requests are in progress already; try again later", super::window::MAX_PULLS));
     };
     let deadline = Instant::now() + Duration::from_secs(q.seconds);
     while Instant::now() < deadline {
         if ctx.stop.load(Ordering::Relaxed) || crate::sampler::STOP.load(Ordering::Relaxed) {
             ctx.windows.cancel_pull(id);
-            return text(503, "the agent is stopping");
+            return Response::text(503, "the agent is stopping");
         }
         std::thread::sleep(deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(100)));
     }
-    let Some(pulled) = ctx.windows.finish_pull(id, ctx.budget.rate()) else { return text(500, "the profile was lost") };
+    let Some(pulled) = ctx.windows.finish_pull(id, ctx.budget.rate()) else { return Response::text(500, "the profile was lost") };
     match super::pull::render(&pulled) {
-        Ok(bytes) => Response::from_data(bytes)
-            .with_header(header("Content-Type", "application/octet-stream"))
-            .with_header(header("Content-Disposition", "attachment; filename=\"profile\""))
-            .with_header(header("X-Content-Type-Options", "nosniff")),
-        Err(e) => text(500, &format!("cannot encode the profile: {e}")),
+        Ok(bytes) => Response { status: 200, headers: vec![("Content-Type", "application/octet-stream".into())], body: bytes }
+            .with_header("Content-Disposition", "attachment; filename=\"profile\""),
+        Err(e) => Response::text(500, &format!("cannot encode the profile: {e}")),
     }
 }
 
@@ -161,6 +170,20 @@ fn render_metrics(ctx: &Ctx) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exposure() {
+        let at = |a: &str| a.parse::<SocketAddr>().unwrap();
+        for open in ["127.0.0.1:7433", "127.8.9.1:7433", "[::1]:7433", "[::ffff:127.0.0.1]:7433"] {
+            assert!(check_exposure(&at(open), false, false, false).is_ok(), "{open}");
+        }
+        for wide in ["0.0.0.0:7433", "[::]:7433", "10.1.2.3:7433", "[::ffff:10.1.2.3]:7433"] {
+            assert!(check_exposure(&at(wide), false, false, false).unwrap_err().contains("--insecure-listen"), "{wide}");
+            assert!(check_exposure(&at(wide), true, false, false).is_ok());
+            assert!(check_exposure(&at(wide), false, true, false).is_ok());
+            assert!(check_exposure(&at(wide), false, false, true).is_ok());
+        }
+    }
 
     #[test]
     fn queries() {
