@@ -28,23 +28,25 @@
 
 use std::time::Duration;
 
+use super::live::{Held, Live, Process};
 use super::ptrace::{STOP_TIMEOUT, Stopped};
 use super::steps::Steps;
 use super::{AcquireCounts, Acquirer, HoldPolicy, Taken, WhileHeld};
 use crate::attach::Attached;
 use crate::error::Result;
-use crate::process::memory::RemoteMemory;
 use crate::python::gil::{GilState, GilWords, gil_words, read_gils};
-use crate::python::snapshot::{Check, SnapshotNeeds, Snapshotter, Source};
+use crate::python::snapshot::{Check, SnapshotNeeds, Snapshotter};
 use crate::stack::ThreadStack;
 
 /// Rounds of "the GIL moved: stop its new holder too" before every thread
 /// of the process is stopped instead.
 const MAX_ROUNDS: usize = 3;
 
-/// The exact acquirer (see the module header).
-#[derive(Default)]
-pub struct Exact {
+/// The exact acquirer on a live process (see the module header).
+pub type Exact = ExactOn<Stopped>;
+
+/// The exact acquirer over any [`Live`] process whose held threads are `H`.
+pub struct ExactOn<H> {
     words: Vec<GilWords>,
     gils: Vec<GilState>,
     ranges: Vec<(u64, usize)>,
@@ -79,13 +81,38 @@ pub struct Exact {
     counts: AcquireCounts,
     /// What the caller allows this snapshot (see [`HoldPolicy`]).
     policy: HoldPolicy,
-    pending: Option<Pending>,
+    pending: Option<Pending<H>>,
+}
+
+// Not derived: that would ask `H: Default` of the held threads.
+impl<H> Default for ExactOn<H> {
+    fn default() -> Self {
+        ExactOn {
+            words: Vec::new(),
+            gils: Vec::new(),
+            ranges: Vec::new(),
+            buf: Vec::new(),
+            fixed: Vec::new(),
+            tids: Vec::new(),
+            running: Vec::new(),
+            looked_up: Vec::new(),
+            held_on_cpu: Vec::new(),
+            idle: Vec::new(),
+            unheld: Vec::new(),
+            must_stop: Vec::new(),
+            solo: false,
+            proof: None,
+            counts: AcquireCounts::default(),
+            policy: HoldPolicy::default(),
+            pending: None,
+        }
+    }
 }
 
 /// A snapshot put off (see [`HoldPolicy::may_defer`]).
-struct Pending {
+struct Pending<H> {
     /// Its threads, held or on their way to a stop.
-    held: Stopped,
+    held: H,
     since: std::time::Instant,
     /// Instructions stepped so far.
     steps: u32,
@@ -118,10 +145,7 @@ impl Acquirer for Exact {
     /// The ticks in between take no sample of this process: it stands held
     /// in that state, and counting it there would count the hold.
     fn take(&mut self, a: &Attached, python: &mut Snapshotter, needs: SnapshotNeeds, policy: HoldPolicy, _: Option<WhileHeld>) -> Result<Taken> {
-        self.policy = policy;
-        let r = self.snapshot(a, python, needs);
-        let counts = std::mem::take(&mut self.counts);
-        r.map(|threads| Taken { threads, counts })
+        self.take_from(&Process(a), python, needs, policy)
     }
 
     fn has_pending(&self) -> bool {
@@ -138,14 +162,22 @@ impl Acquirer for Exact {
     /// stop of a holder on no CPU waits for it to get one. With them, only a
     /// holder on a CPU is stopped, which stops at once.
     fn waits_for_cpus(&self, a: &Attached, cold: bool) -> bool {
-        let target = &a.target;
-        (cold && !target.proves_holders_from_the_start()) || !target.follows_holders()
+        let live = Process(a);
+        (cold && !live.proves_holders_from_the_start()) || !live.follows_holders()
     }
 }
 
-impl Exact {
-    fn snapshot(&mut self, a: &Attached, python: &mut Snapshotter, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
-        let src = Source { mem: &a.mem, interp: &a.interp, target: Some(&a.target) };
+impl<H: Held> ExactOn<H> {
+    /// [`Acquirer::take`] on any [`Live`] process.
+    pub fn take_from<L: Live<Held = H>>(&mut self, live: &L, python: &mut Snapshotter, needs: SnapshotNeeds, policy: HoldPolicy) -> Result<Taken> {
+        self.policy = policy;
+        let r = self.snapshot(live, python, needs);
+        let counts = std::mem::take(&mut self.counts);
+        r.map(|threads| Taken { threads, counts })
+    }
+
+    fn snapshot<L: Live<Held = H>>(&mut self, a: &L, python: &mut Snapshotter, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
+        let src = a.source();
         if let Some(mut p) = self.pending.take() {
             let defer = self.policy.may_defer && p.since.elapsed() < MAX_DEFER;
             if !p.held.settle_frozen(if defer { Duration::ZERO } else { STOP_TIMEOUT }) && defer {
@@ -194,8 +226,8 @@ impl Exact {
     /// carried into the stopped snapshot, which then walks the holder alone
     /// and checks those words once more. On the first tick this is also how
     /// the threads, and so the holder's thread id, become known.
-    fn read_ahead(&mut self, a: &Attached, python: &mut Snapshotter, needs: SnapshotNeeds) -> Result<()> {
-        let src = Source { mem: &a.mem, interp: &a.interp, target: Some(&a.target) };
+    fn read_ahead<L: Live<Held = H>>(&mut self, a: &L, python: &mut Snapshotter, needs: SnapshotNeeds) -> Result<()> {
+        let src = a.source();
         self.fixed.clear();
         self.push_holder_words();
         let threads = python.snapshot(src, needs, Check { frozen: false, fixed: &self.fixed, quiet: None })?;
@@ -234,18 +266,19 @@ impl Exact {
 
     /// The GILs of the interpreters the last snapshot saw (the runtime's
     /// first one before any).
-    fn read_gils(&mut self, a: &Attached, python: &Snapshotter) -> Result<()> {
-        let o = &a.interp.offsets;
+    fn read_gils<L: Live<Held = H>>(&mut self, a: &L, python: &Snapshotter) -> Result<()> {
+        let src = a.source();
+        let (o, runtime) = (&src.interp.offsets, src.interp.runtime);
         let first;
         let interps = match python.interpreters() {
             [] => {
-                first = [a.mem.read_u64(a.interp.runtime + o.runtime.interpreters_head)?];
+                first = [src.mem.read_u64(runtime + o.runtime.interpreters_head)?];
                 &first[..]
             }
             some => some,
         };
-        gil_words(o, a.interp.runtime, interps, &mut self.words);
-        read_gils(&a.mem, &self.words, &mut self.ranges, &mut self.buf, &mut self.gils)
+        gil_words(o, runtime, interps, &mut self.words);
+        read_gils(src.mem, &self.words, &mut self.ranges, &mut self.buf, &mut self.gils)
     }
 
     /// Stop each GIL's last holder, read, and check no other thread took a
@@ -253,19 +286,19 @@ impl Exact {
     /// the GIL words are the last tick's, not read before this stop.
     /// `resumed`: a snapshot put off, whose threads are held still (see
     /// [`HoldPolicy::may_defer`]).
-    fn stopped_snapshot(
+    fn stopped_snapshot<L: Live<Held = H>>(
         &mut self,
-        a: &Attached,
+        a: &L,
         python: &mut Snapshotter,
         needs: SnapshotNeeds,
         guessed: bool,
-        resumed: Option<Pending>,
+        resumed: Option<Pending<H>>,
     ) -> Result<Vec<ThreadStack>> {
-        let pid = a.target.pid;
-        let src = Source { mem: &a.mem, interp: &a.interp, target: Some(&a.target) };
+        let pid = a.pid();
+        let src = a.source();
         let (mut stopped, steps_before, resumed_at) = match resumed {
             Some(p) => (p.held, p.steps, Some(p.since)),
-            None => (Stopped::none(pid, self.policy), 0, None),
+            None => (a.hold_none(self.policy), 0, None),
         };
         self.running.clear();
         self.idle.clear();
@@ -279,7 +312,7 @@ impl Exact {
         // never got a CPU meanwhile; if it did, or it stands halfway through
         // a frame update, it is stopped and read again, as it would have
         // been. Either way the stack is the one it had at the tick.
-        let tracking = a.target.track_holders();
+        let tracking = a.track_holders();
         if let (Some(moving), false) = (self.quiet(), guessed) {
             // Before the stop, not during it.
             if !python.check_list(src, moving) {
@@ -314,12 +347,12 @@ impl Exact {
                 }
             }
             if all {
-                self.tids = a.target.threads();
+                self.tids = a.threads();
             }
             self.tids.retain(|t| !stopped.holds(*t));
             if needs.on_cpu {
                 let before = self.running.len();
-                self.running.extend(self.tids.iter().copied().filter(|&t| a.target.task_state(t) == Some('R')));
+                self.running.extend(self.tids.iter().copied().filter(|&t| a.task_state(t) == Some('R')));
                 if needs.stop_running_only {
                     // `--mode cpu` records only threads on a CPU at this
                     // instant, so the others need not be held. Holding them
@@ -336,7 +369,7 @@ impl Exact {
                 // Every thread is stopped this round, those left running too.
                 self.unheld.clear();
             } else if tracking {
-                a.target.poll_run_states();
+                a.poll_run_states();
                 let (unheld, must) = (&mut self.unheld, &self.must_stop);
                 self.tids.retain(|&t| {
                     if unheld.iter().any(|u| u.0 == t) {
@@ -345,7 +378,7 @@ impl Exact {
                     if must.contains(&t) {
                         return true;
                     }
-                    match a.target.off_cpu(t) {
+                    match a.off_cpu(t) {
                         Some(ins) => {
                             unheld.push((t, ins));
                             false
@@ -358,8 +391,8 @@ impl Exact {
                 // A holder that leaves its CPU before it stops is read as
                 // it stood then, not waited for (`Stopped::add_or_freeze`).
                 stopped.add_or_freeze(&self.tids, &mut |tid| {
-                    a.target.poll_run_states();
-                    a.target.off_cpu(tid).is_some()
+                    a.poll_run_states();
+                    a.off_cpu(tid).is_some()
                 })?;
             } else {
                 stopped.add(&self.tids, false)?;
@@ -378,15 +411,15 @@ impl Exact {
             let mut threads = python.stacks(src, needs, Check { frozen: true, fixed: &self.fixed, quiet })?;
             let mut ran = false;
             if !self.unheld.is_empty() {
-                a.target.poll_run_states();
+                a.poll_run_states();
                 // Only the reads must see the holder still: the walk after
                 // them is local work, and a holder that got a CPU while it
                 // ran was still read as it stood. On a 100-deep 3.15 stack
                 // at 50 kHz that spared a third of the re-reads with a stop
                 // (38 % of the reads without one were redone, 24 % now).
-                let read_end = a.mem.last_read_end();
+                let read_end = a.last_read_end();
                 for &(tid, ins) in &self.unheld {
-                    if a.target.ran_before(tid, ins, read_end) || threads.iter().any(|t| t.torn && t.native_id == Some(tid as u64)) {
+                    if a.ran_before(tid, ins, read_end) || threads.iter().any(|t| t.torn && t.native_id == Some(tid as u64)) {
                         self.must_stop.push(tid);
                         ran = true;
                     }
@@ -491,3 +524,5 @@ impl Exact {
         Err(crate::error::Error::CannotStop { pid, why: "the GIL kept changing hands under every read".into() })
     }
 }
+#[cfg(test)]
+mod tests;

@@ -20,6 +20,9 @@
 //! either.
 
 pub mod exact;
+#[cfg(test)]
+mod fake;
+pub mod live;
 pub mod nonblocking;
 pub(crate) mod ptrace;
 pub mod steps;

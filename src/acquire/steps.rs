@@ -6,7 +6,7 @@
 //! instruction at a time in doubling bursts, until the update is complete:
 //! the instant moves by nanoseconds.
 
-use super::ptrace::Stopped;
+use super::live::Held;
 use crate::stack::ThreadStack;
 
 /// Instructions a held thread is stepped at most, in doubling bursts, to
@@ -20,7 +20,7 @@ pub struct Steps {
 }
 
 /// Held (or frozen) threads whose stacks could not be walked in `threads`.
-fn half_done(stopped: &Stopped, threads: &[ThreadStack]) -> Vec<i32> {
+fn half_done(stopped: &impl Held, threads: &[ThreadStack]) -> Vec<i32> {
     threads.iter().filter(|t| t.torn).filter_map(|t| t.native_id).map(|n| n as i32).filter(|&t| stopped.holds_or_freezes(t)).collect()
 }
 
@@ -32,7 +32,7 @@ impl Steps {
     /// As [`Steps::step_half_done`], one instruction, without waiting for
     /// it: true when every half-done thread is frozen (its stop pending) or
     /// set stepping, to be looked at later.
-    pub fn start_half_done(&mut self, stopped: &mut Stopped, threads: &[ThreadStack]) -> bool {
+    pub fn start_half_done(&mut self, stopped: &mut impl Held, threads: &[ThreadStack]) -> bool {
         if self.taken >= MAX_STEPS {
             return false;
         }
@@ -52,7 +52,7 @@ impl Steps {
         true
     }
 
-    pub fn step_half_done(&mut self, stopped: &mut Stopped, threads: &[ThreadStack]) -> bool {
+    pub fn step_half_done(&mut self, stopped: &mut impl Held, threads: &[ThreadStack]) -> bool {
         let burst = self.taken.max(1);
         if self.taken >= MAX_STEPS {
             return false;
