@@ -22,6 +22,7 @@ pub mod freeze;
 pub mod native;
 pub mod offsets;
 pub mod output;
+pub mod postmortem;
 pub mod process;
 pub mod profile;
 pub mod python;
