@@ -64,7 +64,7 @@ fn run_core(core: &CoreSource, cfg: &DumpConfig) -> anyhow::Result<i32> {
             cwd: None,
             core: Some(CoreJson {
                 core_file: core.path.display().to_string(),
-                signal: c.signal.or(faulting.map(|t| t.signal)).map(|n| SignalJson { number: n, name: crate::postmortem::signal_name(n) }),
+                signal: c.signal.map(|n| SignalJson { number: n, name: crate::postmortem::signal_name(n) }),
                 faulting_thread: faulting.map(|t| t.tid),
             }),
         };

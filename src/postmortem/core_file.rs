@@ -1,16 +1,17 @@
 //! An ELF core file (x86-64 Linux), as the kernel or `gcore` writes it: its
 //! memory segments, and what its notes say about the process that died: the
 //! files it had mapped (`NT_FILE`), each thread's registers and pending
-//! signal (`NT_PRSTATUS`), the signal that ended it (`NT_SIGINFO`), its
+//! signal (`NT_PRSTATUS`), its
 //! command line (`NT_PRPSINFO`) and auxiliary vector (`NT_AUXV`). Parsed
 //! with goblin; the notes' own layouts are the kernel's (`elf_prstatus`,
 //! `elf_prpsinfo`, `user_regs_struct`).
 
 use std::path::{Path, PathBuf};
 
+use goblin::container::{Container, Ctx, Endian};
 use goblin::elf::Elf;
-use goblin::elf::header::{EM_X86_64, ET_CORE};
-use goblin::elf::program_header::{PT_LOAD, PT_NOTE};
+use goblin::elf::header::{EI_CLASS, EI_DATA, ELFCLASS64, ELFDATA2LSB, EM_X86_64, ET_CORE};
+use goblin::elf::program_header::{PT_LOAD, PT_NOTE, ProgramHeader};
 
 use crate::error::{Error, Result};
 use crate::process::maps::Mapping;
@@ -18,7 +19,6 @@ use crate::process::maps::Mapping;
 const NT_PRSTATUS: u32 = 1;
 const NT_PRPSINFO: u32 = 3;
 const NT_AUXV: u32 = 6;
-const NT_SIGINFO: u32 = 0x5349_4749;
 const NT_FILE: u32 = 0x4649_4c45;
 const AT_ENTRY: u64 = 9;
 
@@ -72,7 +72,7 @@ pub struct CoreFile {
     /// In note order: the kernel puts the thread that took the fatal signal first.
     pub threads: Vec<CoreThread>,
     pub pid: i32,
-    /// The signal that ended the process (`NT_SIGINFO`), if any.
+    /// The signal that ended the process, if any (a core of a live process has none).
     pub signal: Option<i32>,
     /// `pr_fname` and `pr_psargs` (the command line, cut at 80 bytes).
     pub command: String,
@@ -167,16 +167,20 @@ impl CoreFile {
 }
 
 fn parse(bytes: &[u8]) -> std::result::Result<Parsed, String> {
-    let elf = Elf::parse(bytes).map_err(|e| format!("not an ELF core file: {e}"))?;
-    if elf.header.e_type != ET_CORE {
+    let header = Elf::parse_header(bytes).map_err(|e| format!("not an ELF core file: {e}"))?;
+    if header.e_type != ET_CORE {
         return Err("an ELF file, but not a core file".into());
     }
-    if elf.header.e_machine != EM_X86_64 || !elf.is_64 || !elf.little_endian {
+    if header.e_machine != EM_X86_64 || header.e_ident[EI_CLASS] != ELFCLASS64 || header.e_ident[EI_DATA] != ELFDATA2LSB {
         return Err("only x86-64 core files are supported".into());
     }
+    // Segments first: a core cut short (a full disk, a killed writer) has
+    // lost its notes too, which gcore writes last.
     let len = bytes.len() as u64;
+    let ctx = Ctx::new(Container::Big, Endian::Little);
+    let headers = ProgramHeader::parse(bytes, header.e_phoff as usize, header.e_phnum as usize, ctx).map_err(|e| format!("truncated: {e}"))?;
     let mut segments = Vec::new();
-    for p in elf.program_headers.iter().filter(|p| p.p_type == PT_LOAD || p.p_type == PT_NOTE) {
+    for p in headers.iter().filter(|p| p.p_type == PT_LOAD || p.p_type == PT_NOTE) {
         let end = p.p_offset.checked_add(p.p_filesz);
         if end.is_none_or(|e| e > len) {
             return Err(format!("truncated: a segment ends at byte {}, the file has {len}", end.unwrap_or(u64::MAX)));
@@ -193,6 +197,7 @@ fn parse(bytes: &[u8]) -> std::result::Result<Parsed, String> {
         }
     }
     segments.sort_by_key(|s| s.vaddr);
+    let elf = Elf::parse(bytes).map_err(|e| format!("not a readable core file: {e}"))?;
     let mut p = Parsed { segments, files: Vec::new(), threads: Vec::new(), pid: 0, signal: None, command: String::new(), args: String::new(), entry: None };
     let notes = elf.iter_note_headers(bytes).ok_or("a core file without notes")?;
     for note in notes {
@@ -203,10 +208,6 @@ fn parse(bytes: &[u8]) -> std::result::Result<Parsed, String> {
                 p.pid = i32::from_le_bytes(note.desc[PRPSINFO_PID..PRPSINFO_PID + 4].try_into().unwrap());
                 p.command = c_string(&note.desc[PRPSINFO_FNAME..PRPSINFO_PSARGS]);
                 p.args = c_string(&note.desc[PRPSINFO_PSARGS..PRPSINFO_SIZE]);
-            }
-            ("CORE", NT_SIGINFO) if note.desc.len() >= 4 => {
-                let signo = i32::from_le_bytes(note.desc[..4].try_into().unwrap());
-                p.signal = (signo != 0).then_some(signo);
             }
             ("CORE", NT_AUXV) => p.entry = auxv(note.desc, AT_ENTRY),
             ("CORE", NT_FILE) => p.files = file_note(note.desc).ok_or("bad NT_FILE note")?,
@@ -219,6 +220,9 @@ fn parse(bytes: &[u8]) -> std::result::Result<Parsed, String> {
     if p.pid == 0 {
         p.pid = p.threads[0].tid;
     }
+    // The signal of the thread that took it, not NT_SIGINFO's: gdb writes
+    // one per thread, and for a live process it dumped, the SIGSTOP of its attach.
+    p.signal = p.threads.iter().map(|t| t.signal).find(|&s| s != 0);
     Ok(p)
 }
 
