@@ -97,6 +97,7 @@ fn core_dump_equals_pid_dump_of_the_stopped_process() {
         stop(pid);
         let live = dump_json(&["--pid", &pid.to_string()]);
         let live_text = dump(&["--pid", &pid.to_string(), "--paths", "full"]);
+        let live_async = dump_json(&["--pid", &pid.to_string(), "--async"]);
         let (core, root) = match &py.chroot {
             None => (gcore(&gcore_bin, pid, &host_cwd), None),
             // gdb's cores of sid's chrooted processes hold zeros where the
@@ -118,6 +119,10 @@ fn core_dump_equals_pid_dump_of_the_stopped_process() {
             assert_eq!(python_frames(d), python_frames(l), "thread {}", l["name"]);
             assert_eq!(d["frames"], l["frames"], "thread {}", l["name"]);
         }
+        // --async: the coroutine thread as its task's await chain, alike.
+        let dead_async = dump_json(&[&args[..], &["--async"]].concat());
+        assert!(threads(&live_async).iter().any(|t| t["frames"].as_array().unwrap().iter().any(|f| f["kind"] == "task")), "a task frame: {live_async}");
+        assert_eq!(threads(&dead_async), threads(&live_async), "dump --core --async differs from dump --pid --async");
         // And as the interpreter itself saw its stacks.
         for t in own["threads"].as_array().unwrap() {
             let got = threads(&dead)

@@ -124,7 +124,7 @@ impl CoreMemory {
                     buf[done..done + b.len()].copy_from_slice(b);
                     b.len()
                 }
-                None => self.from_file(at, &mut buf[done..]),
+                None => self.read_file_backed(at, &mut buf[done..]),
             };
             if n == 0 {
                 break;
@@ -136,7 +136,7 @@ impl CoreMemory {
 
     /// File-backed bytes the core left out, up to the end of their mapping
     /// or of the segment, whichever comes first.
-    fn from_file(&self, addr: u64, buf: &mut [u8]) -> usize {
+    fn read_file_backed(&self, addr: u64, buf: &mut [u8]) -> usize {
         let Some(m) = self.core.files.iter().find(|m| m.contains(addr)) else { return 0 };
         let Some((_, FileState::Found { map, .. })) = m.path.as_deref().and_then(|p| self.files.get(p)) else { return 0 };
         // Past the core's part of its segment: bytes in the core come first.
