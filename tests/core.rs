@@ -337,6 +337,16 @@ fn core_json_matches_the_golden_file() {
     }
     let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (PYPROF_BLESS=1 creates it)", path.display()));
     assert_eq!(actual, expected, "dump --core --json differs from {}", path.display());
+    // _PyRuntime found each of the three ways in the core, to the same stacks.
+    for method in ["section", "symbol", "scan"] {
+        let args = [&["dump", "-v"][..], &core_args(&core, &root)].concat();
+        let out = pyprof_env(&args, &[("PYPROF_RUNTIME_METHOD", method)]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains(&format!("(found by {method})")), "{method}: {text}{}", String::from_utf8_lossy(&out.stderr));
+        let json = pyprof_env(&[&args[..], &["--json"]].concat(), &[("PYPROF_RUNTIME_METHOD", method)]);
+        let got: Value = serde_json::from_slice(&json.stdout).unwrap();
+        assert_eq!(serde_json::to_string_pretty(&normalized(&got, &mut Vec::new())).unwrap() + "\n", expected, "{method}");
+    }
     let _ = std::fs::remove_file(&core);
 }
 
@@ -361,6 +371,7 @@ fn bad_cores_are_refused_in_one_line_with_exit_2() {
     std::fs::write(&text, "not a core\n").unwrap();
     refused(&["--core", text.to_str().unwrap()], "not an ELF core file");
     refused(&["--core", "/bin/sleep"], "not a core file");
+    refused(&["--core", dir.to_str().unwrap()], "not a file");
 
     // A core of a process that is not Python.
     let mut sleeper = Command::new("sleep").arg("1000").spawn().unwrap();

@@ -1,8 +1,8 @@
 //! An ELF core file (x86-64 Linux), as the kernel or `gcore` writes it: its
 //! memory segments, and what its notes say about the process that died: the
-//! files it had mapped (`NT_FILE`), each thread's registers and pending
-//! signal (`NT_PRSTATUS`), its
-//! command line (`NT_PRPSINFO`) and auxiliary vector (`NT_AUXV`). Parsed
+//! files it had mapped (`NT_FILE`), each thread's registers and the signal
+//! it took (`NT_PRSTATUS`), its command line (`NT_PRPSINFO`) and auxiliary
+//! vector (`NT_AUXV`). Parsed
 //! with goblin; the notes' own layouts are the kernel's (`elf_prstatus`,
 //! `elf_prpsinfo`, `user_regs_struct`).
 
@@ -97,6 +97,9 @@ impl CoreFile {
     pub fn open(path: &Path) -> Result<CoreFile> {
         let bad = |why: String| Error::Binary { path: path.into(), why };
         let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+        if file.metadata().is_ok_and(|m| !m.is_file()) {
+            return Err(bad("not a file".into()));
+        }
         // SAFETY: read-only private mapping of a file we only read.
         let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(e.to_string()))?;
         let p = parse(&bytes).map_err(bad)?;
