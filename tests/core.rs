@@ -436,5 +436,10 @@ fn bad_cores_are_refused_in_one_line_with_exit_2() {
     std::fs::copy(&py.exe, &under).unwrap();
     let out = dump(&["--core", core, "--root", root.to_str().unwrap()]);
     assert!(out.status.success(), "--root: {}", String::from_utf8_lossy(&out.stderr));
+    // libc is not under that root: --native says its frames go unnamed, and dumps.
+    let out = dump(&["--core", core, "--root", root.to_str().unwrap(), "--native"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "--root --native: {stderr}");
+    assert!(stderr.lines().any(|l| l.starts_with("pyprof: warning: ") && l.contains("libc.so.6") && l.contains("C frames in it are not named")), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }

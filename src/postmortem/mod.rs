@@ -120,7 +120,27 @@ impl Postmortem {
     /// core, merged with its Python frames. Returns the symbolizers' warnings.
     fn merge_native(&self, opts: crate::native::NativeOptions, python: &Snapshotter, threads: &mut [ThreadStack]) -> Vec<String> {
         let root = self.files.root.clone().unwrap_or_else(|| PathBuf::from("/"));
-        let mut state = NativeState::for_maps(self.maps.clone(), &|p| self.host_path(p), root, opts);
+        // A library missing or rebuilt since the crash would name frames
+        // wrongly: its code is left unnamed, and said so.
+        let mut skipped = Vec::new();
+        let maps: Vec<Mapping> = self
+            .maps
+            .iter()
+            .filter(|m| match m.path.as_deref().map(|p| (p, self.mem.file(p))) {
+                // A missing file's mappings cannot say they were code (gcore
+                // keeps no permissions for them): libraries by their name.
+                Some((p, Err(e))) if m.executable || crate::process::file_name(p).contains(".so") => {
+                    let why = format!("C frames in it are not named: {e}");
+                    if !skipped.contains(&why) {
+                        skipped.push(why);
+                    }
+                    false
+                }
+                _ => true,
+            })
+            .cloned()
+            .collect();
+        let mut state = NativeState::for_maps(maps, &|p| self.host_path(p), root, opts);
         let (mut raw, mut named, mut merged) = (Vec::new(), Vec::new(), Vec::new());
         for (i, t) in threads.iter_mut().enumerate() {
             let Some(regs) = t.native_id.and_then(|n| self.core().threads.iter().find(|c| c.tid as u64 == n)) else { continue };
@@ -129,7 +149,8 @@ impl Postmortem {
             merge::merge(&named, complete, &t.frames, python.groups(i), &mut merged);
             std::mem::swap(&mut t.frames, &mut merged);
         }
-        state.warnings
+        skipped.extend(state.warnings);
+        skipped
     }
 }
 
