@@ -730,8 +730,26 @@ mod tests {
 
 #[derive(Args, Debug)]
 pub struct DumpArgs {
+    /// Process id of the running Python program.
+    #[arg(short, long, required_unless_present = "core", conflicts_with = "core")]
+    pub pid: Option<i32>,
+
+    /// Read the stacks from a core file instead (coredumpctl dump, gcore, a
+    /// container's core pattern): the process that wrote it is gone.
+    #[arg(long, value_name = "FILE")]
+    pub core: Option<PathBuf>,
+
+    /// With --core: the executable, when the path the core names does not reach it.
+    #[arg(long, value_name = "PATH", requires = "core")]
+    pub exe: Option<PathBuf>,
+
+    /// With --core: the crashed process's root directory (a container's or
+    /// chroot's); the files the core names are looked for under it.
+    #[arg(long, value_name = "DIR", requires = "core")]
+    pub root: Option<PathBuf>,
+
     #[command(flatten)]
-    pub target: TargetArgs,
+    pub attach: AttachArgs,
 
     /// Print one JSON object instead of text (schema in docs/formats.md).
     #[arg(long)]
@@ -749,12 +767,13 @@ pub struct DumpArgs {
 
 impl DumpArgs {
     pub fn into_config(self) -> crate::dump::DumpConfig {
-        let mut attach = self.target.attach.options();
+        let mut attach = self.attach.options();
         // A dump is one look at everything: every pending task, not only the running ones.
         if attach.asyncio.is_some() {
             attach.asyncio = Some(AsyncMode::All);
         }
-        crate::dump::DumpConfig { pid: self.target.pid, attach, json: self.json, verbose: self.verbose, paths: self.paths.into() }
+        let core = self.core.map(|path| crate::dump::CoreSource { path, files: crate::postmortem::memory::Files { root: self.root, exe: self.exe } });
+        crate::dump::DumpConfig { pid: self.pid.unwrap_or(0), core, attach, json: self.json, verbose: self.verbose, paths: self.paths.into() }
     }
 }
 

@@ -27,6 +27,7 @@ pub mod error;
 pub mod native;
 pub mod offsets;
 pub mod output;
+pub mod postmortem;
 pub mod process;
 pub mod profile;
 pub mod python;

@@ -88,7 +88,10 @@ struct Named {
 
 /// Native unwinding and symbolization state for one target process.
 pub struct NativeState {
-    target: Target,
+    /// None for a core file: its maps are all there is, and no perf map.
+    target: Option<Target>,
+    /// The process's root, where separate debug files are looked for.
+    root: std::path::PathBuf,
     opts: NativeOptions,
     maps: Vec<Mapping>,
     modules: Vec<CodeModule>,
@@ -162,8 +165,27 @@ impl StackReader<'_> {
 
 impl NativeState {
     pub fn new(target: &Target, opts: NativeOptions) -> NativeState {
-        let mut s = NativeState {
-            target: target.clone(),
+        let root = std::path::PathBuf::from(format!("/proc/{}/root", target.pid));
+        let mut s = NativeState::empty(Some(target.clone()), root, opts);
+        s.uid = modules::target_uid(target.pid);
+        s.ns_pid = modules::namespace_pid(target.pid);
+        s.refresh(true);
+        s
+    }
+
+    /// For a process that is gone (a core file): the modules of `maps`,
+    /// their files at `host(path)`, debug files looked for under `root`.
+    pub fn for_maps(maps: Vec<Mapping>, host: &dyn Fn(&str) -> std::path::PathBuf, root: std::path::PathBuf, opts: NativeOptions) -> NativeState {
+        let mut s = NativeState::empty(None, root, opts);
+        s.install_modules(&maps, host);
+        s.maps = maps;
+        s
+    }
+
+    fn empty(target: Option<Target>, root: std::path::PathBuf, opts: NativeOptions) -> NativeState {
+        NativeState {
+            target,
+            root,
             opts,
             maps: Vec::new(),
             modules: Vec::new(),
@@ -177,13 +199,25 @@ impl NativeState {
             names: HashMap::new(),
             trampoline_code: HashMap::new(),
             stack_pool: Vec::new(),
-            uid: modules::target_uid(target.pid),
-            ns_pid: modules::namespace_pid(target.pid),
+            uid: None,
+            ns_pid: 0,
             warnings: Vec::new(),
             stats: NativeStats::default(),
-        };
-        s.refresh(true);
-        s
+        }
+    }
+
+    fn install_modules(&mut self, maps: &[Mapping], host: &dyn Fn(&str) -> std::path::PathBuf) {
+        for m in &self.modules {
+            self.unwinder.remove_module(m.avma.start);
+        }
+        self.modules = modules::load_modules(host, maps);
+        self.symbols.clear();
+        self.names.clear();
+        for m in &mut self.modules {
+            if let Some(sections) = m.sections.take() {
+                self.unwinder.add_module(framehop::Module::new(m.path.clone(), m.avma.clone(), m.bias, sections));
+            }
+        }
     }
 
     /// Re-read maps (modules come and go with dlopen) and the trampoline maps.
@@ -192,21 +226,12 @@ impl NativeState {
             return;
         }
         self.last_refresh = Some(Instant::now());
-        if let Ok(maps) = read_maps(self.target.pid) {
+        let Some(target) = self.target.clone() else { return };
+        if let Ok(maps) = read_maps(target.pid) {
             let known: Vec<&str> = self.modules.iter().map(|m| m.path.as_str()).collect();
             let fresh = modules::exec_paths(&maps);
             if fresh.iter().any(|p| !known.contains(p)) || known.iter().any(|p| !fresh.contains(p)) {
-                for m in &self.modules {
-                    self.unwinder.remove_module(m.avma.start);
-                }
-                self.modules = modules::load_modules(&self.target, &maps);
-                self.symbols.clear();
-                self.names.clear();
-                for m in &mut self.modules {
-                    if let Some(sections) = m.sections.take() {
-                        self.unwinder.add_module(framehop::Module::new(m.path.clone(), m.avma.clone(), m.bias, sections));
-                    }
-                }
+                self.install_modules(&maps, &|p| target.host_path(p));
             }
             self.maps = maps;
         }
@@ -214,8 +239,8 @@ impl NativeState {
     }
 
     fn load_trampolines(&mut self) {
-        let Some(uid) = self.uid else { return };
-        let map_path = modules::target_tmp(&self.target, &format!("perf-{}.map", self.ns_pid));
+        let (Some(uid), Some(target)) = (self.uid, self.target.clone()) else { return };
+        let map_path = modules::target_tmp(&target, &format!("perf-{}.map", self.ns_pid));
         if map_path.symlink_metadata().is_ok() {
             match perf_map::load(&map_path, uid) {
                 Ok(m) => {
@@ -227,7 +252,7 @@ impl NativeState {
                 Err(e) => self.warn(format!("perf map ignored: {e}")),
             }
         }
-        let dump_path = modules::target_tmp(&self.target, &format!("jit-{}.dump", self.ns_pid));
+        let dump_path = modules::target_tmp(&target, &format!("jit-{}.dump", self.ns_pid));
         if dump_path.symlink_metadata().is_ok() {
             match jitdump::load(&dump_path, uid) {
                 Ok(d) => {
@@ -308,9 +333,8 @@ impl NativeState {
         if let Some(i) = self.modules.iter().position(|m| m.text.iter().any(|r| r.contains(&addr))) {
             let m = &self.modules[i];
             let (bias, module, host) = (m.bias, m.name.clone(), m.host_path.clone());
-            let root = std::path::PathBuf::from(format!("/proc/{}/root", self.target.pid));
-            let debug = self.opts.debug.clone();
-            let syms = self.symbols.entry(i).or_insert_with(|| symbols::ElfSymbols::load(&host, &root, &debug).ok());
+            let (root, debug) = (&self.root, &self.opts.debug);
+            let syms = self.symbols.entry(i).or_insert_with(|| symbols::ElfSymbols::load(&host, root, debug).ok());
             if let Some(hit) = syms.as_ref().and_then(|s| s.lookup(addr.wrapping_sub(bias))) {
                 let kind = if hit.name.starts_with("_PyEval_EvalFrameDefault") {
                     NativeKind::Eval

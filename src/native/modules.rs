@@ -72,8 +72,7 @@ fn section_bytes(map: &Arc<memmap2::Mmap>, elf: &ElfView, name: &str) -> Option<
 }
 
 /// Open one file-backed module and find its bias from the mappings.
-pub fn load_module(target: &Target, path: &str, maps: &[&Mapping]) -> Option<CodeModule> {
-    let host_path = target.host_path(path);
+pub fn load_module(host_path: PathBuf, path: &str, maps: &[&Mapping]) -> Option<CodeModule> {
     let file = std::fs::File::open(&host_path).ok()?;
     // SAFETY: read-only private mapping of a library the target itself has mapped.
     let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.ok()?);
@@ -128,12 +127,12 @@ pub fn exec_paths(maps: &[Mapping]) -> Vec<&str> {
 }
 
 /// Every file-backed module with executable code in `maps`.
-pub fn load_modules(target: &Target, maps: &[Mapping]) -> Vec<CodeModule> {
+pub fn load_modules(host: &dyn Fn(&str) -> PathBuf, maps: &[Mapping]) -> Vec<CodeModule> {
     exec_paths(maps)
         .into_iter()
         .filter_map(|p| {
             let own: Vec<&Mapping> = maps.iter().filter(|m| m.path.as_deref() == Some(p)).collect();
-            load_module(target, p, &own)
+            load_module(host(p), p, &own)
         })
         .collect()
 }
