@@ -19,6 +19,8 @@ pub mod diff;
 pub mod dump;
 pub mod error;
 pub mod freeze;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod native;
 pub mod offsets;
 pub mod output;

@@ -63,7 +63,12 @@ impl ElfFile {
         // SAFETY: read-only private mapping; if the file is truncated under
         // us we may fault, which is the same risk every ELF reader takes.
         let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::Binary { path: path.into(), why: e.to_string() })?;
-        let elf = Elf::parse(&bytes).map_err(|e| Error::Binary { path: path.into(), why: format!("not ELF: {e}") })?;
+        Self::from_bytes(path, &bytes)
+    }
+
+    /// The file's contents already in memory; `path` only names it in errors.
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<ElfFile> {
+        let elf = Elf::parse(bytes).map_err(|e| Error::Binary { path: path.into(), why: format!("not ELF: {e}") })?;
         if !elf.is_64 || !elf.little_endian {
             return Err(Error::Binary { path: path.into(), why: "only 64-bit little-endian ELF is supported".into() });
         }
@@ -95,7 +100,7 @@ impl ElfFile {
             .map(|p| Load { vaddr: p.p_vaddr, offset: p.p_offset, filesz: p.p_filesz, memsz: p.p_memsz })
             .collect();
         let build_id = elf
-            .iter_note_headers(&bytes)
+            .iter_note_headers(bytes)
             .and_then(|notes| notes.filter_map(|n| n.ok()).find(|n| n.n_type == goblin::elf::note::NT_GNU_BUILD_ID).map(|n| n.desc.to_vec()));
         Ok(ElfFile { path: path.into(), sections, symbols, loads, build_id })
     }

@@ -265,18 +265,7 @@ impl NativeState {
             return;
         }
         self.jit_modules.insert(l.code_addr);
-        let hdr_addr = u.eh_frame_hdr_addr(l.code_addr, l.code_size);
-        let eh_addr = u.eh_frame_addr(l.code_addr, l.code_size);
-        let owned = |v: &Vec<u8>| -> Bytes { modules::owned_bytes(v.clone()) };
-        let info = framehop::ExplicitModuleSectionInfo {
-            base_svma: 0,
-            text_svma: Some(l.code_addr..l.code_addr + l.code_size),
-            eh_frame_svma: Some(eh_addr..eh_addr + u.eh_frame.len() as u64),
-            eh_frame: Some(owned(&u.eh_frame)),
-            eh_frame_hdr_svma: (!u.eh_frame_hdr.is_empty()).then(|| hdr_addr..hdr_addr + u.eh_frame_hdr.len() as u64),
-            eh_frame_hdr: (!u.eh_frame_hdr.is_empty()).then(|| owned(&u.eh_frame_hdr)),
-            ..Default::default()
-        };
+        let info = jit_unwind_sections(l, u);
         self.unwinder.add_module(framehop::Module::new(l.name.clone(), l.code_addr..l.code_addr + l.code_size, 0, info));
     }
 
@@ -446,6 +435,23 @@ impl NativeState {
             let n = self.name(r.lookup);
             out.push(NativeFrame { function: n.function, module: n.module, kind: n.kind, sp: r.sp, cfa: r.cfa });
         }
+    }
+}
+
+/// A jitdump record's CFI as framehop reads it, placed where CPython
+/// writes it (after the code).
+pub(crate) fn jit_unwind_sections(l: &jitdump::JitCodeLoad, u: &jitdump::JitUnwindInfo) -> framehop::ExplicitModuleSectionInfo<Bytes> {
+    let hdr_addr = u.eh_frame_hdr_addr(l.code_addr, l.code_size);
+    let eh_addr = u.eh_frame_addr(l.code_addr, l.code_size);
+    let owned = |v: &Vec<u8>| -> Bytes { modules::owned_bytes(v.clone()) };
+    framehop::ExplicitModuleSectionInfo {
+        base_svma: 0,
+        text_svma: Some(l.code_addr..l.code_addr + l.code_size),
+        eh_frame_svma: Some(eh_addr..eh_addr + u.eh_frame.len() as u64),
+        eh_frame: Some(owned(&u.eh_frame)),
+        eh_frame_hdr_svma: (!u.eh_frame_hdr.is_empty()).then(|| hdr_addr..hdr_addr + u.eh_frame_hdr.len() as u64),
+        eh_frame_hdr: (!u.eh_frame_hdr.is_empty()).then(|| owned(&u.eh_frame_hdr)),
+        ..Default::default()
     }
 }
 

@@ -67,14 +67,17 @@ impl CodeModule {
     }
 }
 
-fn section_bytes(map: &Arc<memmap2::Mmap>, elf: &Elf, name: &str) -> Option<(Range<u64>, Bytes)> {
+/// Shared file contents: an mmap, or (for the fuzz targets) bytes in memory.
+pub type FileBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+fn section_bytes(map: &FileBytes, elf: &Elf, name: &str) -> Option<(Range<u64>, Bytes)> {
     let sh = elf.section_headers.iter().find(|s| elf.shdr_strtab.get_at(s.sh_name) == Some(name))?;
     if sh.sh_type == goblin::elf::section_header::SHT_NOBITS {
         return None;
     }
     let start = sh.sh_offset as usize;
     let end = start.checked_add(sh.sh_size as usize)?;
-    if end > map.len() {
+    if end > (**map).as_ref().len() {
         return None;
     }
     Some((sh.sh_addr..sh.sh_addr + sh.sh_size, Bytes { data: map.clone(), range: start..end }))
@@ -85,8 +88,13 @@ pub fn load_module(target: &Target, path: &str, maps: &[&Mapping]) -> Option<Cod
     let host_path = target.host_path(path);
     let file = std::fs::File::open(&host_path).ok()?;
     // SAFETY: read-only private mapping of a library the target itself has mapped.
-    let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.ok()?);
-    let elf = Elf::parse(&map).ok()?;
+    let map: FileBytes = Arc::new(unsafe { memmap2::Mmap::map(&file) }.ok()?);
+    module_from_bytes(path, host_path, map, maps)
+}
+
+/// [`load_module`] once the file's bytes are at hand.
+pub fn module_from_bytes(path: &str, host_path: PathBuf, map: FileBytes, maps: &[&Mapping]) -> Option<CodeModule> {
+    let elf = Elf::parse((*map).as_ref()).ok()?;
     if !elf.is_64 || !elf.little_endian {
         return None;
     }

@@ -108,7 +108,8 @@ impl ElfSymbols {
         Self::from_bytes(&map, path, root, search)
     }
 
-    fn from_bytes(bytes: &[u8], path: &Path, root: &Path, search: &DebugSearch) -> Result<ElfSymbols, SymbolError> {
+    /// [`Self::load`] of bytes already in memory (`path` names them in errors and finds debug files).
+    pub fn from_bytes(bytes: &[u8], path: &Path, root: &Path, search: &DebugSearch) -> Result<ElfSymbols, SymbolError> {
         let elf = ParsedElf::parse(bytes).map_err(|why| elf_error(path, &why))?;
         let segments =
             elf.phdrs.iter().filter(|p| p.p_type == PT_LOAD).map(|p| LoadSegment { vaddr: p.p_vaddr, memsz: p.p_memsz, offset: p.p_offset }).collect();
