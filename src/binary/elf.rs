@@ -99,9 +99,11 @@ impl ElfFile {
             .filter(|p| p.p_type == PT_LOAD)
             .map(|p| Load { vaddr: p.p_vaddr, offset: p.p_offset, filesz: p.p_filesz, memsz: p.p_memsz })
             .collect();
+        // Up to the first malformed note: goblin's iterator yields the same
+        // error again and again without moving on.
         let build_id = elf
             .iter_note_headers(bytes)
-            .and_then(|notes| notes.filter_map(|n| n.ok()).find(|n| n.n_type == goblin::elf::note::NT_GNU_BUILD_ID).map(|n| n.desc.to_vec()));
+            .and_then(|notes| notes.map_while(|n| n.ok()).find(|n| n.n_type == goblin::elf::note::NT_GNU_BUILD_ID).map(|n| n.desc.to_vec()));
         Ok(ElfFile { path: path.into(), sections, symbols, loads, build_id })
     }
 
@@ -128,5 +130,30 @@ impl ElfFile {
     /// Writable data the runtime can live in: .data, .PyRuntime, .bss (svma ranges).
     pub fn data_ranges(&self) -> Vec<(u64, u64)> {
         self.sections.iter().filter(|s| matches!(s.name.as_str(), ".data" | ".bss" | ".PyRuntime") && s.size > 0).map(|s| (s.addr, s.addr + s.size)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by the `elf` fuzz target: a note whose size runs past its
+    /// segment made goblin's note iterator return the same error forever,
+    /// and the build-id search spun on it (attach hung on such a library).
+    #[test]
+    fn a_malformed_note_ends_the_build_id_search() {
+        let path = Path::new("/bin/true");
+        let mut bytes = std::fs::read(path).unwrap();
+        let intact = ElfFile::from_bytes(path, &bytes).unwrap();
+        let elf = Elf::parse(&bytes).unwrap();
+        let note = elf.program_headers.iter().find(|p| p.p_type == goblin::elf::program_header::PT_NOTE).expect("a PT_NOTE").p_offset as usize;
+        drop(elf);
+        // The first note's n_descsz: past the end of everything.
+        bytes[note + 4..note + 8].copy_from_slice(&0xffff_fff0u32.to_le_bytes());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(ElfFile::from_bytes(Path::new("/bin/true"), &bytes).map(|f| f.build_id.is_some())));
+        let parsed = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("from_bytes returns");
+        assert!(parsed.is_ok(), "the file is still read: {parsed:?}");
+        assert!(intact.build_id.is_some(), "/bin/true has a build id to lose");
     }
 }
