@@ -151,7 +151,7 @@ pub fn cfi(data: &[u8]) {
     let eh = input.take(eh_len).to_vec();
     let debug = input.take(debug_len).to_vec();
     let stack = input.take(stack_len);
-    let info = framehop::ExplicitModuleSectionInfo {
+    let info = modules::checked_eh_frame_hdr(framehop::ExplicitModuleSectionInfo {
         base_svma: 0,
         text_svma: Some(0..0x1_0000),
         eh_frame_svma: Some(eh_at..eh_at + eh.len() as u64),
@@ -160,7 +160,7 @@ pub fn cfi(data: &[u8]) {
         eh_frame: Some(modules::owned_bytes(eh)),
         debug_frame: (!debug.is_empty()).then(|| modules::owned_bytes(debug)),
         ..Default::default()
-    };
+    });
     let mut unwinder = UnwinderX86_64::new();
     unwinder.add_module(framehop::Module::new("fuzz".to_string(), TEXT_AT..TEXT_AT + 0x1_0000, TEXT_AT, info));
     unwind(&unwinder, ip, stack);

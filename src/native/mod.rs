@@ -444,7 +444,7 @@ pub(crate) fn jit_unwind_sections(l: &jitdump::JitCodeLoad, u: &jitdump::JitUnwi
     let hdr_addr = u.eh_frame_hdr_addr(l.code_addr, l.code_size);
     let eh_addr = u.eh_frame_addr(l.code_addr, l.code_size);
     let owned = |v: &Vec<u8>| -> Bytes { modules::owned_bytes(v.clone()) };
-    framehop::ExplicitModuleSectionInfo {
+    modules::checked_eh_frame_hdr(framehop::ExplicitModuleSectionInfo {
         base_svma: 0,
         text_svma: Some(l.code_addr..l.code_addr + l.code_size),
         eh_frame_svma: Some(eh_addr..eh_addr + u.eh_frame.len() as u64),
@@ -452,7 +452,7 @@ pub(crate) fn jit_unwind_sections(l: &jitdump::JitCodeLoad, u: &jitdump::JitUnwi
         eh_frame_hdr_svma: (!u.eh_frame_hdr.is_empty()).then(|| hdr_addr..hdr_addr + u.eh_frame_hdr.len() as u64),
         eh_frame_hdr: (!u.eh_frame_hdr.is_empty()).then(|| owned(&u.eh_frame_hdr)),
         ..Default::default()
-    }
+    })
 }
 
 /// One unwound frame before naming: its lookup address and stack range.
