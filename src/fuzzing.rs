@@ -188,8 +188,8 @@ pub fn jitdump(data: &[u8]) {
         if u.eh_frame.is_empty() || l.code_size == 0 {
             continue;
         }
-        let info = crate::native::jit_unwind_sections(l, u);
-        unwinder.add_module(framehop::Module::new(l.name.clone(), l.code_addr..l.code_addr.saturating_add(l.code_size), 0, info));
+        let Some((code, info)) = crate::native::jit_unwind_sections(l, u) else { continue };
+        unwinder.add_module(framehop::Module::new(l.name.clone(), code, 0, info));
         unwind(&unwinder, l.code_addr, &[0u8; 64]);
     }
 }

@@ -36,8 +36,8 @@ pub fn load_bias(loads: &[Load], mappings: &[&Mapping]) -> Option<u64> {
         for l in loads {
             // Mappings start page-aligned, possibly before p_offset.
             let page_off = l.offset & !0xfff;
-            if m.offset >= page_off && m.offset < l.offset + l.filesz.max(1) {
-                let svma = (l.vaddr + m.offset).wrapping_sub(l.offset);
+            if m.offset >= page_off && m.offset < l.offset.saturating_add(l.filesz.max(1)) {
+                let svma = l.vaddr.wrapping_add(m.offset).wrapping_sub(l.offset);
                 return Some(m.start.wrapping_sub(svma));
             }
         }
@@ -129,13 +129,44 @@ impl ElfFile {
 
     /// Writable data the runtime can live in: .data, .PyRuntime, .bss (svma ranges).
     pub fn data_ranges(&self) -> Vec<(u64, u64)> {
-        self.sections.iter().filter(|s| matches!(s.name.as_str(), ".data" | ".bss" | ".PyRuntime") && s.size > 0).map(|s| (s.addr, s.addr + s.size)).collect()
+        // A section past the end of the address space is not one the runtime is in.
+        self.sections
+            .iter()
+            .filter(|s| matches!(s.name.as_str(), ".data" | ".bss" | ".PyRuntime") && s.size > 0)
+            .filter_map(|s| Some((s.addr, s.addr.checked_add(s.size)?)))
+            .collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `elf` fuzz target: a `.data` section ending past the
+    /// end of the address space (an add overflow, a range ending before it
+    /// starts without overflow checks) is no range to scan.
+    #[test]
+    fn data_sections_past_the_end_of_the_address_space_are_left_out() {
+        let section = |name: &str, addr: u64, size: u64| Section { name: name.into(), addr, size, nobits: false };
+        let f = ElfFile {
+            path: "x".into(),
+            sections: vec![section(".data", u64::MAX - 4, 16), section(".bss", 0x5000, 0x100), section(".PyRuntime", u64::MAX - 0xff, 0x100)],
+            symbols: Vec::new(),
+            loads: vec![Load { vaddr: u64::MAX - 0xfff, offset: u64::MAX - 0xfff, filesz: 0x2000, memsz: 0x2000 }],
+            build_id: None,
+        };
+        assert_eq!(f.data_ranges(), vec![(0x5000, 0x5100)]);
+        let m = Mapping {
+            start: 0x7f00_0000_0000,
+            end: 0x7f00_0000_1000,
+            offset: u64::MAX & !0xfff,
+            readable: true,
+            writable: false,
+            executable: true,
+            path: None,
+        };
+        assert_eq!(f.load_bias(&[&m]), Some(0x7f00_0000_0000u64.wrapping_sub(u64::MAX & !0xfff)));
+    }
 
     /// Found by the `elf` fuzz target: a note whose size runs past its
     /// segment made goblin's note iterator return the same error forever,
