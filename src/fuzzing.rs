@@ -22,9 +22,12 @@ use crate::process::replay::{CaptureInfo, Replay};
 use crate::python::linetable::LineTableKind;
 use crate::python::snapshot::{Check, SnapshotNeeds, Snapshotter, Source};
 
+/// What every target calls with the fuzzer's input.
+pub type Entry = fn(&[u8]);
+
 /// Every target: its name (the file `fuzz/fuzz_targets/NAME.rs` and the
 /// corpus `fuzz/corpus/NAME/`) and its entry.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Entry)] = &[
     ("elf", elf),
     ("cfi", cfi),
     ("linetable", linetable),
@@ -228,7 +231,7 @@ pub fn profile(data: &[u8]) {
     let Ok(base) = crate::diff::input::parse(base, "BASE") else { return };
     if base.kind == crate::diff::input::InputKind::Json {
         for format in Format::ALL {
-            let Some(sources) = empty_dir().and_then(|d| crate::output::heatmap::SourceRoot::dir(&d).ok()) else { continue };
+            let Some(sources) = empty_dir().and_then(|d| crate::output::heatmap::SourceRoot::dir(d).ok()) else { continue };
             let mut out = Vec::new();
             let _ = format.writer_reading(format.default_view(), sources).write(&base.profile, &mut out);
         }

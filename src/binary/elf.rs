@@ -159,13 +159,13 @@ mod tests {
         let m = Mapping {
             start: 0x7f00_0000_0000,
             end: 0x7f00_0000_1000,
-            offset: u64::MAX & !0xfff,
+            offset: 0xffff_ffff_ffff_f000,
             readable: true,
             writable: false,
             executable: true,
             path: None,
         };
-        assert_eq!(f.load_bias(&[&m]), Some(0x7f00_0000_0000u64.wrapping_sub(u64::MAX & !0xfff)));
+        assert_eq!(f.load_bias(&[&m]), Some(0x7f00_0000_0000u64.wrapping_sub(0xffff_ffff_ffff_f000)));
     }
 
     /// Found by the `elf` fuzz target: a note whose size runs past its
