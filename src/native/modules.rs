@@ -247,6 +247,26 @@ mod tests {
         }
     }
 
+    /// The check keeps what linkers write: libc's and /bin/true's headers.
+    #[test]
+    fn a_real_librarys_eh_frame_hdr_is_kept() {
+        for path in ["/bin/true", "/lib/x86_64-linux-gnu/libc.so.6"] {
+            let Ok(bytes) = std::fs::read(path) else { continue };
+            let text = Mapping {
+                start: 0x7f00_0000_0000,
+                end: 0x7f00_0010_0000,
+                offset: 0,
+                readable: true,
+                writable: false,
+                executable: true,
+                path: Some(path.into()),
+            };
+            let m = module_from_bytes(path, PathBuf::from(path), Arc::new(bytes), &[&text]).expect(path);
+            let sections = m.sections.expect("sections");
+            assert!(sections.eh_frame_hdr.is_some() && sections.eh_frame.is_some(), "{path}: .eh_frame_hdr dropped");
+        }
+    }
+
     /// Found by the `cfi` and `jitdump` fuzz targets: a table entry below
     /// `.eh_frame` made gimli subtract past zero (a panic with overflow
     /// checks). Such a header is dropped; a sound one is kept.
