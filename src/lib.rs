@@ -24,6 +24,8 @@ pub mod counts;
 pub mod diff;
 pub mod dump;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod native;
 pub mod offsets;
 pub mod output;

@@ -17,6 +17,7 @@ pub mod perf_map;
 pub mod symbols;
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -281,19 +282,8 @@ impl NativeState {
             return;
         }
         self.jit_modules.insert(l.code_addr);
-        let hdr_addr = u.eh_frame_hdr_addr(l.code_addr, l.code_size);
-        let eh_addr = u.eh_frame_addr(l.code_addr, l.code_size);
-        let owned = |v: &Vec<u8>| -> Bytes { modules::owned_bytes(v.clone()) };
-        let info = framehop::ExplicitModuleSectionInfo {
-            base_svma: 0,
-            text_svma: Some(l.code_addr..l.code_addr + l.code_size),
-            eh_frame_svma: Some(eh_addr..eh_addr + u.eh_frame.len() as u64),
-            eh_frame: Some(owned(&u.eh_frame)),
-            eh_frame_hdr_svma: (!u.eh_frame_hdr.is_empty()).then(|| hdr_addr..hdr_addr + u.eh_frame_hdr.len() as u64),
-            eh_frame_hdr: (!u.eh_frame_hdr.is_empty()).then(|| owned(&u.eh_frame_hdr)),
-            ..Default::default()
-        };
-        self.unwinder.add_module(framehop::Module::new(l.name.clone(), l.code_addr..l.code_addr + l.code_size, 0, info));
+        let Some((code, info)) = jit_unwind_sections(l, u) else { return };
+        self.unwinder.add_module(framehop::Module::new(l.name.clone(), code, 0, info));
     }
 
     fn warn(&mut self, w: String) {
@@ -464,10 +454,55 @@ impl NativeState {
     }
 }
 
+/// A jitdump record's CFI as framehop reads it, placed where CPython
+/// writes it (after the code), with the code's range; None for a record
+/// whose code or tables would run past the end of the address space.
+pub(crate) fn jit_unwind_sections(l: &jitdump::JitCodeLoad, u: &jitdump::JitUnwindInfo) -> Option<(Range<u64>, framehop::ExplicitModuleSectionInfo<Bytes>)> {
+    let code = l.code_addr..l.code_addr.checked_add(l.code_size)?;
+    // JitUnwindInfo::eh_frame_addr's layout, without its wrapping.
+    let eh_addr = l.code_addr.checked_add(l.code_size.checked_add(7)? & !7)?;
+    let hdr_addr = eh_addr.checked_add(u.eh_frame.len() as u64)?;
+    let hdr_end = hdr_addr.checked_add(u.eh_frame_hdr.len() as u64)?;
+    let owned = |v: &Vec<u8>| -> Bytes { modules::owned_bytes(v.clone()) };
+    let info = modules::checked_eh_frame_hdr(framehop::ExplicitModuleSectionInfo {
+        base_svma: 0,
+        text_svma: Some(code.clone()),
+        eh_frame_svma: Some(eh_addr..hdr_addr),
+        eh_frame: Some(owned(&u.eh_frame)),
+        eh_frame_hdr_svma: (!u.eh_frame_hdr.is_empty()).then_some(hdr_addr..hdr_end),
+        eh_frame_hdr: (!u.eh_frame_hdr.is_empty()).then(|| owned(&u.eh_frame_hdr)),
+        ..Default::default()
+    });
+    Some((code, info))
+}
+
 /// One unwound frame before naming: its lookup address and stack range.
 #[derive(Debug, Clone, Copy)]
 pub struct NativeRaw {
     pub lookup: u64,
     pub sp: u64,
     pub cfa: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::jitdump::{JitCodeLoad, JitUnwindInfo};
+    use super::*;
+
+    /// Found by the `jitdump` fuzz target: a record whose code lies at the
+    /// top of the address space put its CFI past the end (an add overflow
+    /// with overflow checks, ranges ending before they start without).
+    #[test]
+    fn a_jitdump_record_at_the_end_of_the_address_space_adds_no_cfi() {
+        let u = JitUnwindInfo { eh_frame_hdr: vec![0; 20], eh_frame: vec![0; 48], mapped_size: 68 };
+        let load = |code_addr: u64, code_size: u64| JitCodeLoad { code_addr, code_size, code_index: 0, name: "py::f".into(), unwind: Some(u.clone()) };
+        let (code, info) = jit_unwind_sections(&load(0x7f00_0000_1003, 13), &u).expect("an ordinary record");
+        assert_eq!(code, 0x7f00_0000_1003..0x7f00_0000_1010);
+        let eh = u.eh_frame_addr(0x7f00_0000_1003, 13);
+        assert_eq!(info.eh_frame_svma, Some(eh..eh + 48));
+        assert_eq!(info.eh_frame_hdr_svma.map(|r| r.start), Some(u.eh_frame_hdr_addr(0x7f00_0000_1003, 13)));
+        for (addr, size) in [(u64::MAX - 4, 13), (u64::MAX - 40, 13), (u64::MAX - 70, 13), (1, u64::MAX - 3)] {
+            assert!(jit_unwind_sections(&load(addr, size), &u).is_none(), "code at {addr:#x}, {size} bytes");
+        }
+    }
 }
