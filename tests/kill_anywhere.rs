@@ -39,8 +39,8 @@ fn sigkill_at_any_instant_leaves_the_target_running_untraced_and_right() {
     let out = output_within(cmd, Duration::from_secs(600));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap_or_else(|e| panic!("no report ({e}):\n{stdout}\n{stderr}")))
-        .expect("the harness's report is JSON");
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(&json).unwrap_or_else(|e| panic!("no report ({e}):\n{stdout}\n{stderr}"))).expect("the harness's report is JSON");
     let total = &report["total"];
     assert_eq!(total["failures"], 0, "kills that hurt the target:\n{stdout}\n{stderr}");
     assert!(out.status.success(), "{stdout}\n{stderr}");
