@@ -184,7 +184,9 @@ class Target:
             result = json.loads(self.lines[-1])
         except (ValueError, IndexError):
             return "target printed no result: %r" % self.lines[-3:]
-        return result_is_wrong(result, expect_trap=0, expect_cont=0)
+        # SIGTRAPs already put down to a kill are not counted twice.
+        traps = sum(1 for l in self.lines if l.startswith("trap "))
+        return result_is_wrong(result, expect_trap=traps, expect_cont=0)
 
 
 def result_is_wrong(result, expect_trap, expect_cont):
@@ -239,7 +241,7 @@ def measure(argv, logf):
 
 def run_case(pyprof, label, exe, chroot, name, args, rng, tmp):
     row = {"python": label, "command": name, "uniform": 0, "uniform_in_stop": 0, "aimed": 0, "aimed_in_stop": 0,
-           "ended_first": 0, "late_release": 0, "failures": []}
+           "ended_first": 0, "late_release": 0, "sigtrap": 0, "failures": []}
     target = Target(target_argv(exe, chroot))
     out = tempfile.mkdtemp(dir=tmp)
     argv = [pyprof] + COMMANDS[name].format(pid=target.pid, secs=args.secs, out=out).split()
@@ -271,8 +273,14 @@ def run_case(pyprof, label, exe, chroot, name, args, rng, tmp):
             row["late_release"] += late
             # A stray signal's handler runs within the target's 50 ms wait.
             time.sleep(0.06)
-            if not wrong and target.handled(seen):
-                wrong = "the target's handlers then saw: %s" % ", ".join(target.handled(seen))
+            handled = target.handled(seen)
+            if not wrong and handled and all(l.startswith("trap ") for l in handled):
+                # A thread let go with a step armed (see docs/performance.md):
+                # counted apart, as the one failure still known.
+                row["sigtrap"] += 1
+                row["failures"].append("%s kill at %.4f s: stray SIGTRAP (%s)" % (kind, at, ", ".join(handled)))
+            elif not wrong and handled:
+                wrong = "the target's handlers then saw: %s" % ", ".join(handled)
             if wrong:
                 row["failures"].append("%s kill at %.4f s: %s" % (kind, at, wrong))
                 if "gone" in wrong:
@@ -324,11 +332,11 @@ def main():
             print("%-20s %-14s uniform %3d (in a stop %3d)  aimed %3d (in a stop %3d)  failures %d%s" % (
                 label, name, row["uniform"], row["uniform_in_stop"], row["aimed"], row["aimed_in_stop"],
                 len(row["failures"]), "".join("\n    " + f for f in row["failures"])), flush=True)
-    total = {k: sum(r[k] for r in rows) for k in ("uniform", "uniform_in_stop", "aimed", "aimed_in_stop", "ended_first", "late_release")}
+    total = {k: sum(r[k] for r in rows) for k in ("uniform", "uniform_in_stop", "aimed", "aimed_in_stop", "ended_first", "late_release", "sigtrap")}
     total["failures"] = sum(len(r["failures"]) for r in rows)
-    print("total: %d kills (%d uniform, %d of them in a stop; %d aimed, %d in a stop), %d failures, %.0f s" % (
+    print("total: %d kills (%d uniform, %d of them in a stop; %d aimed, %d in a stop), %d failures (%d of them a stray SIGTRAP), %.0f s" % (
         total["uniform"] + total["aimed"], total["uniform"], total["uniform_in_stop"], total["aimed"],
-        total["aimed_in_stop"], total["failures"], time.time() - started), flush=True)
+        total["aimed_in_stop"], total["failures"], total["sigtrap"], time.time() - started), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"seed": seed, "command": sys.argv, "rows": rows, "total": total}, f, indent=1)

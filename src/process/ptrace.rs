@@ -111,7 +111,7 @@ impl Stopped {
                 Some(Some((sig, job_stop))) => {
                     let was_stepping = self.stepping.contains(&tid);
                     self.stepping.retain(|&t| t != tid);
-                    if was_stepping && !unstep(self.pid, tid) {
+                    if was_stepping && sig == 0 && !unstep(self.pid, tid) {
                         continue;
                     }
                     self.reached.push(tid);
@@ -162,7 +162,7 @@ impl Stopped {
             let was_stepping = self.stepping.contains(&tid);
             self.stepping.retain(|&t| t != tid);
             match wait_stop_kind(self.pid, tid) {
-                Some(Some((sig, _))) if !was_stepping || unstep(self.pid, tid) => {
+                Some(Some((sig, _))) if !was_stepping || sig != 0 || unstep(self.pid, tid) => {
                     self.reached.push(tid);
                     if let Some(t) = self.threads.iter_mut().find(|t| t.0 == tid) {
                         t.2 = sig;
@@ -185,21 +185,24 @@ impl Stopped {
                 return false;
             }
             match wait_stop(self.pid, tid) {
-                // A step (SIGTRAP), or a signal that arrived first: that one
-                // is passed on when the thread is let go, as any other.
+                // A step (SIGTRAP), or a signal that arrived first.
                 Some(Some(sig)) => {
+                    if sig != 0 {
+                        // Not the step: held at this stop, which a detach
+                        // turns back into the signal's delivery (from any
+                        // other stop, it would drop the signal).
+                        if let Some(t) = self.threads.iter_mut().find(|t| t.0 == tid) {
+                            t.2 = sig;
+                        }
+                        return false;
+                    }
                     if !unstep(self.pid, tid) {
                         self.reached.retain(|&t| t != tid);
                         return false;
                     }
-                    if let Some(t) = self.threads.iter_mut().find(|t| t.0 == tid) {
-                        if sig != 0 {
-                            t.2 = sig;
-                        }
-                        // Registers asked for are those of the thread as held now.
-                        if t.1.is_some() {
-                            t.1 = get_regs(tid);
-                        }
+                    // Registers asked for are those of the thread as held now.
+                    if let Some(t) = self.threads.iter_mut().find(|t| t.0 == tid && t.1.is_some()) {
+                        t.1 = get_regs(tid);
                     }
                 }
                 // It ran into something slow (a system call): hold it again.
@@ -333,7 +336,9 @@ impl Drop for Stopped {
 /// the target (bench/kill_anywhere.py: 4 of 10 kills aimed at a stop on
 /// 3.12 did). Resumed with an interrupt pending, it stops again in the
 /// kernel, before it runs a user instruction. False if it did not stop
-/// again (it is then still seized, and let go at drop).
+/// again (it is then still seized, and let go at drop). Not for a stop
+/// that brings a signal to pass on: only a detach from that very stop
+/// delivers it.
 fn unstep(pid: i32, tid: i32) -> bool {
     // SAFETY: no pointers.
     unsafe {
@@ -755,6 +760,72 @@ mod tests {
         // Running again: busy, not held in a stop.
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(status_field(pid, "State:").as_deref().and_then(|s| s.chars().next()), Some('R'));
+    }
+
+    /// Waits up to 5 s for `child` to end; its status, or None if it runs on.
+    fn ended(child: &mut std::process::Child) -> Option<std::process::ExitStatus> {
+        let end = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < end {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    /// A SIGTRAP someone sent a held thread is its own: the step that takes
+    /// it in passes it on, and the shell (which leaves SIGTRAP at its
+    /// default) dies of it as it would have unprofiled.
+    #[test]
+    fn a_sigtrap_sent_to_a_stepped_thread_reaches_it() {
+        use std::os::unix::process::ExitStatusExt;
+        let mut child = Busy(std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap());
+        let pid = child.pid();
+        let mut stopped = Stopped::none(pid);
+        stopped.add(&[pid], true).unwrap();
+        assert!(stopped.holds(pid));
+        // SAFETY: plain syscall.
+        unsafe { libc::kill(pid, libc::SIGTRAP) };
+        stopped.step(pid, 1);
+        drop(stopped);
+        let status = ended(&mut child.0).expect("the shell ran on: the SIGTRAP sent to it was lost");
+        assert_eq!(status.signal(), Some(libc::SIGTRAP), "{status:?}");
+    }
+
+    /// A tracer that dies (SIGKILL) holding a thread it has stepped leaves
+    /// no step armed in it: the thread runs on, with no SIGTRAP.
+    #[test]
+    fn a_thread_stepped_by_a_tracer_that_dies_runs_on() {
+        let mut child = Busy(std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap());
+        let pid = child.pid();
+        let mut fds = [0; 2];
+        // SAFETY: fds is a valid out array; the forked tracer only makes
+        // system calls and allocates (glibc's fork leaves malloc usable),
+        // then waits to be killed.
+        unsafe {
+            assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+            let tracer = libc::fork();
+            if tracer == 0 {
+                let mut stopped = Stopped::none(pid);
+                let ok = stopped.add(&[pid], true).is_ok() && stopped.step(pid, 3) && stopped.holds(pid);
+                libc::write(fds[1], [u8::from(ok)].as_ptr().cast(), 1);
+                loop {
+                    libc::pause();
+                }
+            }
+            let mut ok = [0u8];
+            assert_eq!(libc::read(fds[0], ok.as_mut_ptr().cast(), 1), 1);
+            libc::kill(tracer, libc::SIGKILL);
+            libc::waitpid(tracer, std::ptr::null_mut(), 0);
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+            assert_eq!(ok[0], 1, "the tracer could not step the shell");
+        }
+        if let Some(status) = ended(&mut child.0) {
+            panic!("the stepped shell died once its tracer did: {status:?}");
+        }
+        assert_eq!(status_field(pid, "TracerPid:").as_deref(), Some("0"));
     }
 
     /// A step set going on a held thread that has no CPU to take it on is
