@@ -55,6 +55,15 @@ fn start(args: &[&str]) -> Child {
     Command::new(pyprof_bin()).args(args).env_remove("PYPROF_RUNTIME_METHOD").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()
 }
 
+/// `pyprof ARGS --pid PID -d SECS` recording into a fresh file, running;
+/// and its command line, to name it in failures.
+fn record_in_background(args: &[&str], pid: &str, secs: &str) -> (Child, String) {
+    let out = temp_dir("job-control").join("p.json");
+    let mut argv = args.to_vec();
+    argv.extend(["--pid", pid, "-d", secs, "-q", "-o", out.to_str().unwrap()]);
+    (start(&argv), format!("{argv:?}"))
+}
+
 /// Waits for pyprof (bounded) and asserts it ended well.
 fn assert_ends_well(child: Child, what: &str) {
     let pid = child.id() as i32;
@@ -122,12 +131,8 @@ fn a_target_its_shell_stops_stays_stopped_under_sampling_and_resumes_on_sigcont(
         let p = pid.to_string();
         let mut conts = 0;
         for (args, stop) in [(vec!["record", "-r", "2000"], libc::SIGSTOP), (vec!["record", "--native", "-r", "1000"], libc::SIGTSTP)] {
-            let dir = temp_dir("job-stop");
-            let out = dir.join("p.json");
-            let mut argv = args.clone();
-            argv.extend(["--pid", &p, "-d", "2.5", "-q", "-o", out.to_str().unwrap()]);
-            let what = format!("{argv:?} stopped by signal {stop}");
-            let pyprof = start(&argv);
+            let (pyprof, argv) = record_in_background(&args, &p, "2.5");
+            let what = format!("{argv} stopped by signal {stop}");
             std::thread::sleep(Duration::from_millis(500));
             signal(pid, stop);
             wait_all_stopped(pid);
@@ -198,12 +203,8 @@ fn the_targets_own_sigtraps_reach_its_handler_or_its_ignore() {
         {
             let target = py.spawn("steady_work.py", &["--trap", trap]);
             let p = target.pid().to_string();
-            let dir = temp_dir("traps");
-            let out = dir.join("p.json");
-            let mut argv = args.clone();
-            argv.extend(["--pid", &p, "-d", "30", "-q", "-o", out.to_str().unwrap()]);
-            let what = format!("{argv:?}, SIGTRAP: {trap}");
-            let pyprof = start(&argv);
+            let (pyprof, argv) = record_in_background(&args, &p, "30");
+            let what = format!("{argv}, SIGTRAP: {trap}");
             std::thread::sleep(Duration::from_millis(300));
             if trap == "count" {
                 send_traps(&target, 40);
