@@ -112,11 +112,13 @@ fn assert_stays_stopped(pid: i32, span: Duration, what: &str) {
     std::thread::sleep(Duration::from_millis(100));
     let before = cpu_ticks(pid);
     std::thread::sleep(span);
-    // Four busy threads would use 100 ticks a second each. (A thread let
-    // go from a job-control stop is 'R' for a moment on its way back into
-    // it, in the kernel: its state alone would not say it ran.)
+    // Four busy threads would use 100 ticks a second each; thousands of
+    // stops and releases a second (--native holds every thread) may be
+    // charged a tick or a few. (A thread let go from a job-control stop is
+    // 'R' for a moment on its way back into it, in the kernel: its state
+    // alone would not say it ran.)
     let used = cpu_ticks(pid) - before;
-    assert!(used <= 2, "{what}: the stopped target used {used} ticks of CPU");
+    assert!(used <= 10, "{what}: the stopped target used {used} ticks of CPU");
     let until = Instant::now() + Duration::from_millis(500);
     while !states(pid).iter().all(|&c| matches!(c, 'T' | 't')) {
         assert!(Instant::now() < until, "{what}: a stopped target runs: {:?}", states(pid));

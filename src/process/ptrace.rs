@@ -138,7 +138,7 @@ impl Stopped {
     /// until its step's stop is taken in. False (and held as it is) when
     /// it stands at a system call or the step was refused.
     pub fn start_step(&mut self, tid: i32) -> bool {
-        if !self.holds(tid) || in_or_at_syscall(tid) || sigtrap_not_default(self.pid, tid) {
+        if !self.holds(tid) || in_or_at_syscall(tid) || sigtrap_not_default(self.pid, tid) || self.job_stopped.contains(&tid) {
             return false;
         }
         // SAFETY: no pointers.
@@ -174,7 +174,8 @@ impl Stopped {
         if !self.holds(tid) {
             return false;
         }
-        if sigtrap_not_default(self.pid, tid) {
+        // Nor is one its shell has stopped: a step would run its code.
+        if sigtrap_not_default(self.pid, tid) || self.job_stopped.contains(&tid) {
             return false;
         }
         for _ in 0..n {
