@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::attach::AttachOptions;
 use crate::binary::runtime::Method;
 use crate::freeze::Sampling;
+use crate::kernel::choose::SamplerChoice;
 use crate::output::{Format, Paths, View};
 use crate::profile::aggregate::AggregateOptions;
 use crate::python::asyncio::AsyncMode;
@@ -98,6 +99,15 @@ pub struct AttachArgs {
     pub no_gc: bool,
 }
 
+/// `--sampler`, as clap sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SamplerArg {
+    Auto,
+    Kernel,
+    Ptrace,
+    Nonblocking,
+}
+
 /// `--async`, as clap sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum AsyncArg {
@@ -184,6 +194,13 @@ pub struct RecordArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
+    /// How stacks are taken. kernel: copied by an eBPF program at the
+    /// sampling interrupt, nothing stopped (root or CAP_BPF+CAP_PERFMON;
+    /// --mode cpu and gil); ptrace: the GIL holder stopped for each read;
+    /// nonblocking: as --nonblocking; auto: kernel where it can, else ptrace.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub sampler: SamplerArg,
+
     #[command(flatten)]
     pub attach: AttachArgs,
 
@@ -209,7 +226,18 @@ impl RecordArgs {
         let view = view_for(format, self.paths, self.import_frames);
         let mut attach = self.attach.options();
         attach.extras.exception = self.mode == ModeArg::Exception;
+        let sampler = match self.sampler {
+            _ if self.attach.nonblocking => SamplerChoice::Nonblocking,
+            SamplerArg::Auto => SamplerChoice::Auto,
+            SamplerArg::Kernel => SamplerChoice::Kernel,
+            SamplerArg::Ptrace => SamplerChoice::Ptrace,
+            SamplerArg::Nonblocking => SamplerChoice::Nonblocking,
+        };
+        if sampler == SamplerChoice::Nonblocking {
+            attach.sampling = Sampling::Nonblocking;
+        }
         Ok(RecordConfig {
+            sampler,
             target,
             sampling: SamplingConfig {
                 rate_hz: self.rate,
@@ -344,6 +372,8 @@ impl TopArgs {
             paths: self.paths,
             import_frames: self.import_frames,
             quiet: true,
+            // `top` runs its own loop, the ptrace sampler's.
+            sampler: SamplerArg::Ptrace,
             attach: self.attach,
             command: self.command,
         }

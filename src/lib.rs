@@ -19,6 +19,7 @@ pub mod diff;
 pub mod dump;
 pub mod error;
 pub mod freeze;
+pub mod kernel;
 pub mod native;
 pub mod offsets;
 pub mod output;

@@ -119,7 +119,7 @@ fn describe(a: &AcquireStats, elapsed: std::time::Duration) -> String {
 }
 
 /// The summary line (and the native one, and warnings) on stderr.
-pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, native: bool) {
+pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, native: bool, kernel: Option<&crate::kernel::run::KernelStats>) {
     let errs: Vec<String> = stats.errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
     let mut gc = match stats.gc_samples {
         Some(n) => format!("; <GC> in {:.1} % of samples", 100.0 * n as f64 / stats.samples.max(1) as f64),
@@ -146,7 +146,9 @@ pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, nativ
         cfg.output.display(),
         cfg.format.name(),
     );
-    if native {
+    if let Some(k) = kernel {
+        eprintln!("pyprof: {}", k.describe(stats));
+    } else if native {
         eprintln!("pyprof: {}", stats.native.describe());
     } else {
         eprintln!("pyprof: {}", describe(&stats.acquire, stats.elapsed));
