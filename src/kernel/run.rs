@@ -187,11 +187,12 @@ impl KernelStats {
     /// One line for the summary: what the kernel sampler did and cost.
     pub fn describe(&self, stats: &SamplerStats) -> String {
         let p = &self.program;
-        let per = if p.hits > 0 { format!("{:.2} µs", p.run_time.as_secs_f64() * 1e6 / p.hits as f64) } else { "unknown".into() };
+        let per = if p.runs > 0 { format!("{:.2} µs", p.run_time.as_secs_f64() * 1e6 / p.runs as f64) } else { "unknown".into() };
         format!(
-            "sampling: kernel (eBPF at the interrupt, nothing stopped); BPF program {:.1} ms CPU in {} runs ({per} per sample taken) over {:.2} s; {} records, {} of threads not mapped yet, {} mid-push counted for the caller, {} torn, {} cut by a fault, {} deeper than the bound, {} lost",
+            "sampling: kernel (eBPF at the interrupt, nothing stopped); BPF program {:.1} ms CPU in {} runs on all CPUs ({per} per run, {} on a target) over {:.2} s; {} records, {} of threads not mapped yet, {} mid-push counted for the caller, {} torn, {} cut by a fault, {} deeper than the bound, {} lost",
             p.run_time.as_secs_f64() * 1e3,
             p.runs,
+            p.hits,
             stats.elapsed.as_secs_f64(),
             self.records,
             self.unknown_thread,
