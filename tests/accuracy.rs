@@ -376,9 +376,14 @@ fn measure_short_callees(py: &Interpreter, pyspy: &Path, extra: &[&str]) -> Outc
                 }
             }
             let expected = rate as f64 * secs;
+            // The kernel sampler samples the target's CPU time, not wall
+            // ticks: on this 2-CPU machine under other builds a nice -20
+            // target still got only 23-39 % of a CPU. The shares are judged
+            // by the same bound, and noise past it repeats the measurement.
+            let least = if sampler_of(extra) == Some("kernel") { 0.2 } else { 0.5 };
             assert!(
-                rec.samples as f64 >= 0.5 * expected,
-                "[{}] pyprof at {rate} Hz for {secs} s took {} samples over {:?} ticks, under half of {expected}: too few to compare",
+                rec.samples as f64 >= least * expected,
+                "[{}] pyprof at {rate} Hz for {secs} s took {} samples over {:?} ticks, under {least} of {expected}: too few to compare",
                 py.label,
                 rec.samples,
                 rec.ticks
