@@ -322,9 +322,9 @@ class PyProf(Profiler):
                      else "pyprof --sampler kernel" if kernel else "pyprof")
 
     def command(self, target, rate, secs, out):
-        # No -q: the summary lines report reads per tick and how the samples
-        # were taken (how long the target was held, or how many stacks moved).
-        cmd = [PyProf.exe, "record", "--pid", str(target.pid), "-r", str(rate), "-d", str(secs),
+        # -v: the diagnostics after the summary report reads per tick and,
+        # with --native, how many stacks were merged.
+        cmd = [PyProf.exe, "record", "-v", "--pid", str(target.pid), "-r", str(rate), "-d", str(secs),
                "-o", out["host"] + ".json"]
         # The kernel sampler (eBPF at the interrupt) samples on-CPU threads:
         # --mode cpu, which for the spinning targets here is every sample.
@@ -341,26 +341,23 @@ class PyProf(Profiler):
         reads = re.search(r"([\d.]+) reads/tick", run["log"])
         if reads:
             res["syscalls_per_sample"] = float(reads.group(1))
-        m = re.search(r"native: \d+ stacks, ([\d.]+)% merged.*held (\d+) µs per sample on average \((\d+) µs at most\)", run["log"])
+        m = re.search(r"native: \d+ stacks, ([\d.]+)% merged", run["log"])
         if m:
-            res.update({"merged_pct": float(m.group(1)), "pause_us": float(m.group(2)), "pause_max_us": float(m.group(3))})
-        # Exact mode: "sampling: exact; N of M snapshots held the GIL holder still
-        # (X µs per snapshot on average, Y µs at most; held Z % of the time), ..."
-        # -- X is the mean over the N snapshots that held a thread.
-        m = re.search(r"sampling: exact; (\d+) of (\d+) snapshots held the GIL holder still "
-                      r"\(([\d.]+) µs per snapshot on average, ([\d.]+) µs at most", run["log"])
-        if m:
-            res.update({"held_snapshots": int(m.group(1)), "snapshots": int(m.group(2)),
-                        "pause_us": float(m.group(3)), "pause_max_us": float(m.group(4))})
-        # --nonblocking: "sampling: never stopped the target; N thread samples moved
-        # while read and are counted as torn".
-        m = re.search(r"sampling: never stopped the target; (\d+) thread samples moved while read", run["log"])
-        if m:
-            res["torn"] = int(m.group(1))
+            res["merged_pct"] = float(m.group(1))
+        # How the snapshots were taken and how long the target was held:
+        # the profile's meta.sampling (pause_us is the mean over the
+        # snapshots that held a thread).
+        s = meta.get("sampling") or {}
+        if s.get("stopped"):
+            res.update({"held_snapshots": s["stopped"],
+                        "snapshots": s["stopped"] + s.get("gil_free", 0) + s.get("off_cpu", 0),
+                        "pause_us": s["paused_us_total"] / s["stopped"], "pause_max_us": s["paused_us_max"]})
+        if s.get("lock_free"):
+            res["torn"] = s.get("torn", 0)
             if meta["samples"]:
-                res["torn_pct"] = 100.0 * int(m.group(1)) / meta["samples"]
-        if meta.get("sampling"):
-            res["sampling"] = meta["sampling"]   # the same counts, from the profile's meta
+                res["torn_pct"] = 100.0 * res["torn"] / meta["samples"]
+        if s:
+            res["sampling"] = s
         return res
 
     def stacks(self, out, run):

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use pyprof::attach::{AttachOptions, attach};
+use pyprof::attach::attach;
 use pyprof::process::memory::RemoteMemory;
 use pyprof::process::replay::{CaptureInfo, Recording, ReportedThread};
 use pyprof::python::snapshot::{Check, SnapshotNeeds, Snapshotter, Source};
@@ -91,12 +91,12 @@ fn capture(py: &common::Interpreter, out: &std::path::Path) -> Result<usize, Str
     }
     kill(Pid::from_raw(pid), Signal::SIGSTOP).map_err(|e| e.to_string())?;
     let result = (|| {
-        let attached = attach(pid, &AttachOptions::default()).map_err(|e| e.to_string())?;
+        let attached = attach(pid, None).map_err(|e| e.to_string())?;
         let small = WithoutPreload(&attached.mem);
         let recording = Recording::new(&small);
         // For 3.13+ the offsets come from the target's _Py_DebugOffsets:
         // read them through the recording so a replay can build them again.
-        let interp = pyprof::attach::Interpreter::from_memory(
+        let interp = pyprof::python::interpreter::Interpreter::from_memory(
             &recording,
             &attached.interp.offsets.version,
             attached.interp.runtime,

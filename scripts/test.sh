@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-fixtures.sh
+# The module graph first: no cycle, none of the arrows docs/architecture.md forbids.
+python3 tools/check-imports.py
 # Tests append what they could not cover here (tests/common: skipped()).
 skips=target/tmp/pyprof-skipped.txt
 rm -f "$skips"

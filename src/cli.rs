@@ -6,15 +6,15 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::attach::AttachOptions;
 use crate::binary::runtime::Method;
-use crate::freeze::Sampling;
 use crate::kernel::choose::SamplerChoice;
 use crate::output::{Format, Paths, View};
 use crate::profile::aggregate::AggregateOptions;
 use crate::python::asyncio::AsyncMode;
 use crate::record::{RecordConfig, RecordTarget, default_output};
 use crate::sampler::{Mode, SamplingConfig};
+use crate::session::Sampling;
+use crate::session::SessionOptions;
 
 /// Highest sampling rate accepted. A sample costs 5–10 µs, so this is not a
 /// rate anyone gets: it means "back to back", with every tick that could not
@@ -118,7 +118,7 @@ pub enum AsyncArg {
 }
 
 impl AttachArgs {
-    pub fn options(&self) -> AttachOptions {
+    pub fn options(&self) -> SessionOptions {
         let native = self.native.then(|| {
             let mut o = crate::native::NativeOptions::default();
             o.debug.enabled = !self.no_debug_files;
@@ -131,7 +131,7 @@ impl AttachArgs {
         });
         let threads = crate::thread_filter::ThreadFilter::new(&self.thread, self.main_thread);
         let extras = crate::python::snapshot::Extras { gc: !self.no_gc, exception: false };
-        AttachOptions { runtime_method: self.runtime_method, native, sampling, asyncio, threads, extras }
+        SessionOptions { runtime_method: self.runtime_method, native, sampling, asyncio, threads, extras }
     }
 }
 
@@ -201,6 +201,10 @@ pub struct RecordArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub sampler: SamplerArg,
 
+    /// After the summary, how each snapshot was made one instant, counted.
+    #[arg(short, long, conflicts_with = "quiet")]
+    pub verbose: bool,
+
     #[command(flatten)]
     pub attach: AttachArgs,
 
@@ -252,6 +256,7 @@ impl RecordArgs {
             view,
             subprocesses: self.subprocesses,
             quiet: self.quiet,
+            verbose: self.verbose,
             attach,
         })
     }
@@ -374,6 +379,7 @@ impl TopArgs {
             quiet: true,
             // `top` runs its own loop, the ptrace sampler's.
             sampler: SamplerArg::Ptrace,
+            verbose: false,
             attach: self.attach,
             command: self.command,
         }
@@ -474,7 +480,7 @@ impl AgentArgs {
             let (k, v) = h.split_once(':').filter(|(k, _)| !k.trim().is_empty()).ok_or_else(|| anyhow::anyhow!("header {} is not 'Name: value'", i + 1))?;
             headers.push((k.trim().to_string(), v.trim().to_string()));
         }
-        let mut attach = AttachOptions::default();
+        let mut attach = SessionOptions::default();
         attach.extras.gc = true;
         attach.extras.exception = self.mode == ModeArg::Exception;
         Ok(crate::agent::AgentConfig {

@@ -7,16 +7,16 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use anyhow::Context;
 
-use crate::attach::AttachOptions;
 use crate::output::Paths;
 use crate::profile::paths::short_files;
+use crate::session::SessionOptions;
 use crate::session::{Session, SnapshotNeeds};
 use crate::stack::{Frame, FrameKind, ThreadStack};
 
 #[derive(Debug, Clone)]
 pub struct DumpConfig {
     pub pid: i32,
-    pub attach: AttachOptions,
+    pub attach: SessionOptions,
     pub json: bool,
     pub verbose: bool,
     /// File paths in the text (`--json` always has full ones).
@@ -115,7 +115,7 @@ pub fn snapshot(session: &mut Session) -> Result<Vec<ThreadStack>> {
     let started = std::time::Instant::now();
     let mut tries = 0;
     loop {
-        match session.snapshot(SnapshotNeeds::ALL) {
+        match session.snapshot_alone(SnapshotNeeds::ALL) {
             Ok(s) if !s.iter().any(|t| t.torn) || started.elapsed() >= RETRY_FOR => return Ok(s),
             Ok(s) => session.recycle(s),
             Err(e) if e.is_transient() && started.elapsed() < RETRY_FOR => {}

@@ -11,14 +11,15 @@
 //! instruction to a line ([`python::linetable`]). All reads go through
 //! [`process::memory::RemoteMemory`] (`process_vm_readv`; the target never stops).
 
+pub mod acquire;
 pub mod agent;
 pub mod attach;
 pub mod binary;
 pub mod cli;
+pub mod counts;
 pub mod diff;
 pub mod dump;
 pub mod error;
-pub mod freeze;
 pub mod kernel;
 pub mod native;
 pub mod offsets;

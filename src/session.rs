@@ -1,11 +1,16 @@
 //! An attached target and the readers that sample it: the Python snapshot
-//! ([`Snapshotter`]) and, with `--native`, the native layer on top of it.
+//! ([`Snapshotter`]), the acquirer that makes each snapshot one instant
+//! (`acquire`), and with `--native` the native layer on top of it.
 
 use std::time::{Duration, Instant};
 
-use crate::attach::{AttachOptions, Attached, attach, attach_fork_child};
+use crate::acquire::exact::Exact;
+use crate::acquire::nonblocking::Nonblocking;
+use crate::acquire::stop_all::StopAll;
+use crate::acquire::{self, Acquirer, HoldPolicy, Taken};
+use crate::attach::{Attached, attach, attach_fork_child};
+use crate::binary::runtime::Method;
 use crate::error::Result;
-use crate::freeze::{AcquireStats, Freezer, Sampling};
 use crate::native::NativeStats;
 use crate::native::layer::NativeLayer;
 use crate::process::prefetch::PrefetchStats;
@@ -25,11 +30,39 @@ struct ExecWatch {
     next: Instant,
 }
 
+/// How a snapshot is made one instant, as the user chose it (`acquire`
+/// has one acquirer for each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Sampling {
+    /// Stop the GIL holder for the read (the default).
+    #[default]
+    Exact,
+    /// Never stop anything; a stack that moves while read is recorded as torn.
+    Nonblocking,
+}
+
+/// What a session is asked to read, and how.
+#[derive(Debug, Clone, Default)]
+pub struct SessionOptions {
+    /// Use only this way of finding `_PyRuntime` (tests prove each on its own).
+    pub runtime_method: Option<Method>,
+    /// `--native`: merge C frames into every stack.
+    pub native: Option<crate::native::NativeOptions>,
+    /// How a snapshot is made one instant (`acquire`).
+    pub sampling: Sampling,
+    /// `--async`: stacks as asyncio tasks see them.
+    pub asyncio: Option<crate::python::asyncio::AsyncMode>,
+    /// `--thread`, `--main-thread`: the threads to sample.
+    pub threads: crate::thread_filter::ThreadFilter,
+    /// What snapshots read besides the stacks: `<GC>` frames, exception state.
+    pub extras: crate::python::snapshot::Extras,
+}
+
 pub struct Session {
     attached: Attached,
     python: Snapshotter,
     native: Option<NativeLayer>,
-    freezer: Freezer,
+    acquirer: Box<dyn Acquirer + Send>,
     /// `<GC>`, put on top of the stack of the thread the collector runs on.
     gc_frame: Option<Frame>,
     /// Attached from its parent's session: it may exec after that.
@@ -49,15 +82,15 @@ pub struct Session {
 const COLD_SNAPSHOTS: u32 = 2;
 
 impl Session {
-    pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Session> {
-        let attached = attach(pid, opts)?;
+    pub fn attach(pid: i32, opts: &SessionOptions) -> Result<Session> {
+        let attached = attach(pid, opts.runtime_method)?;
         Session::around(attached, opts, true)
     }
 
     /// A fork child of `parent`'s target, from what attaching the parent
     /// found (see [`attach_fork_child`]); a full attach when the child is no
     /// longer its parent's image (it exec'd).
-    pub fn attach_fork_child(parent: &Session, pid: i32, opts: &AttachOptions) -> Result<Session> {
+    pub fn attach_fork_child(parent: &Session, pid: i32, opts: &SessionOptions) -> Result<Session> {
         match attach_fork_child(&parent.attached, pid) {
             // The parent's threads could be stopped, and a child is ours
             // just as its parent is: no need to stop it once more to prove it.
@@ -71,7 +104,7 @@ impl Session {
         }
     }
 
-    fn around(attached: Attached, opts: &AttachOptions, probe: bool) -> Result<Session> {
+    fn around(attached: Attached, opts: &SessionOptions, probe: bool) -> Result<Session> {
         let pid = attached.target.pid;
         let mut python = Snapshotter::new(&attached.interp);
         if let Some(mode) = opts.asyncio {
@@ -93,16 +126,21 @@ impl Session {
             }
             None => None,
         };
-        if probe && opts.sampling == Sampling::Exact && native.is_none() {
+        if probe && (opts.sampling == Sampling::Exact || native.is_some()) {
             // Fail now, with the reason, if threads cannot be held still
             // (ptrace forbidden, or a debugger already holds them).
-            probe_stopping(pid)?;
+            acquire::probe_stopping(pid)?;
         }
         Ok(Session {
             attached,
             python,
+            acquirer: match (native.is_some(), opts.sampling) {
+                // C stacks are unwound from the registers of held threads.
+                (true, _) => Box::new(StopAll::default()),
+                (false, Sampling::Exact) => Box::new(Exact::default()),
+                (false, Sampling::Nonblocking) => Box::new(Nonblocking),
+            },
             native,
-            freezer: Freezer::new(opts.sampling),
             gc_frame,
             fork_child: false,
             exec_watch: None,
@@ -111,25 +149,10 @@ impl Session {
         })
     }
 
-    /// How the snapshots so far were obtained, and how long the target was held.
-    pub fn acquire_stats(&self) -> AcquireStats {
-        self.freezer.stats
-    }
-
-    /// How long this session has held threads of its target stopped, in all.
-    pub fn held_total(&self) -> std::time::Duration {
-        self.freezer.stats.pause + self.native_stats().map_or(std::time::Duration::ZERO, |n| n.pause)
-    }
-
-    /// Whether a snapshot may wait for a thread that is on no CPU to stop:
-    /// `--native` stops every thread, and exact sampling without
-    /// context-switch records stops the GIL holder wherever it is. With
-    /// them, it stops only a holder on a CPU, which stops at once.
+    /// Whether a snapshot may wait for a thread that is on no CPU to stop
+    /// (see [`Acquirer::waits_for_cpus`]).
     pub fn waits_for_cpus(&self) -> bool {
-        let exact = self.freezer.sampling == crate::freeze::Sampling::Exact;
-        let target = &self.attached.target;
-        let cold = self.snapshots < COLD_SNAPSHOTS && !target.proves_holders_from_the_start();
-        self.native.is_some() || (exact && (cold || !target.follows_holders()))
+        self.acquirer.waits_for_cpus(&self.attached, self.snapshots < COLD_SNAPSHOTS)
     }
 
     /// Whether a fork child attached from its parent's session has exec'd
@@ -230,8 +253,8 @@ impl Session {
 
     /// Every thread's stack, innermost frame first (with C frames under
     /// `--native`, as task await chains under `--async`, and `<GC>` on top
-    /// while the collector runs on it).
-    pub fn snapshot(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
+    /// while the collector runs on it), with how the instant was made.
+    pub fn snapshot(&mut self, needs: SnapshotNeeds, policy: HoldPolicy) -> Result<Taken> {
         self.snapshots = self.snapshots.saturating_add(1).min(COLD_SNAPSHOTS);
         let a = &self.attached;
         if needs.stop_running_only {
@@ -247,39 +270,47 @@ impl Session {
             // asyncio is imported whenever the program likes: looked for
             // until found, a few times a second.
             if tasks.wants_offsets() {
-                tasks.set_offsets(crate::offsets::asyncio::locate(a).ok().flatten());
+                tasks.set_offsets(crate::attach::asyncio::locate(a).ok().flatten());
             }
         }
-        let mut threads = match &mut self.native {
-            Some(native) => native.snapshot(a, &mut self.python, needs),
-            None => self.freezer.snapshot(a, &mut self.python, needs),
-        }?;
+        let mut taken = match &mut self.native {
+            Some(native) => {
+                native.begin();
+                let mem = &a.mem;
+                let mut taken = {
+                    let mut unwind = |i, regs| native.unwind_held(mem, i, regs);
+                    self.acquirer.take(a, &mut self.python, needs, policy, Some(&mut unwind))?
+                };
+                native.merge(&self.python, &mut taken.threads);
+                taken
+            }
+            None => self.acquirer.take(a, &mut self.python, needs, policy, None)?,
+        };
         // Added last: the native merge pairs Python frames with C frames by
         // position, and the collector is no Python frame.
         if let Some(gc) = &self.gc_frame {
-            for t in threads.iter_mut().filter(|t| t.in_gc) {
+            for t in taken.threads.iter_mut().filter(|t| t.in_gc) {
                 t.frames.insert(0, gc.clone());
             }
         }
-        Ok(threads)
+        Ok(taken)
     }
 
-    /// Whether the next snapshot may be put off to a later tick (see
-    /// `freeze::Freezer::may_defer`): only when this thread takes the next
-    /// tick too, as the threads it holds meanwhile are traced by it.
-    pub fn set_may_defer(&mut self, may: bool) {
-        self.freezer.may_defer = may;
+    /// One snapshot taken on its own (`dump`): never put off, and its
+    /// counts are not kept.
+    pub fn snapshot_alone(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
+        self.snapshot(needs, HoldPolicy::default()).map(|t| t.threads)
     }
 
     /// Whether a snapshot put off holds threads of this session, which only
     /// the thread that took it may let go of.
     pub fn has_pending(&self) -> bool {
-        self.freezer.has_pending()
+        self.acquirer.has_pending()
     }
 
     /// Let go of what a snapshot put off holds, its ticks not counted.
     pub fn cancel_pending(&mut self) {
-        self.freezer.cancel_pending();
+        self.acquirer.cancel_pending();
     }
 
     /// Hand a snapshot's stacks back once they have been used, so the next
@@ -287,17 +318,4 @@ impl Session {
     pub fn recycle(&mut self, threads: Vec<ThreadStack>) {
         self.python.recycle(threads);
     }
-}
-
-/// Stop the main thread once and let it go: attach-time proof that the
-/// threads of `pid` can be held, with the fix in the error if not.
-fn probe_stopping(pid: i32) -> Result<()> {
-    let r = crate::process::ptrace::Stopped::none(pid).add(&[pid], false);
-    r.map_err(|e| match e {
-        crate::error::Error::CannotStop { pid, why } => crate::error::Error::CannotStop {
-            pid,
-            why: format!("{why}; or sample without ever stopping a thread: --nonblocking (less exact: a stack that moves while read is counted as torn)"),
-        },
-        e => e,
-    })
 }

@@ -57,6 +57,15 @@ impl Frame {
     }
 }
 
+/// A thread's registers where it was held: what unwinding its C stack
+/// needs on x86-64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Regs {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
 /// One thread of a snapshot, innermost frame first.
 #[derive(Debug, Clone, Default)]
 pub struct ThreadStack {

@@ -198,15 +198,9 @@ fn pyprof_result(what: &str, out: &Output, path: &Path) -> Recording {
     assert!(out.status.success() && path.exists(), "{what} failed ({}): {stderr}", out.status);
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let profile = pyprof::output::json::read(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    // "pyprof: N samples over M ticks in ..." (no -q, so it is printed).
-    let ticks = stderr.lines().find_map(|l| {
-        let rest = l.strip_prefix("pyprof: ")?;
-        let (samples, rest) = rest.split_once(" samples over ")?;
-        let (ticks, _) = rest.split_once(" ticks")?;
-        samples.parse::<u64>().ok()?;
-        ticks.parse::<u64>().ok()
-    });
-    let ticks = Some(ticks.unwrap_or_else(|| panic!("{what}: no \"N samples over M ticks\" on stderr: {stderr}")));
+    // Every tick took a snapshot; meta says how many there were.
+    let ticks = (profile.meta.ticks > 0).then_some(profile.meta.ticks);
+    let ticks = Some(ticks.unwrap_or_else(|| panic!("{what}: no ticks in meta: {stderr}")));
     let stacks = profile
         .stacks
         .iter()

@@ -1,6 +1,6 @@
 //! pyprof's asyncio offsets against the truth, on every interpreter of the
 //! matrix: a target builds a task graph, pyprof attaches and finds the
-//! offsets the way `--async` will (`offsets::asyncio::locate`: the embedded
+//! offsets the way `--async` will (`attach::asyncio::locate`: the embedded
 //! file up to 3.13, the target's `.AsyncioDebug` section from 3.14), and
 //! `tools/gen-offsets/check-asyncio.py`, inside the target, follows every
 //! offset in its own memory and compares it with what Python reports.
@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use pyprof::attach::{AttachOptions, attach};
-use pyprof::offsets::asyncio::{AsyncioOffsets, AwaiterLinks, locate};
+use pyprof::attach::asyncio::locate;
+use pyprof::attach::attach;
+use pyprof::offsets::asyncio::{AsyncioOffsets, AwaiterLinks};
 use serde_json::Value;
 
 fn checker() -> PathBuf {
@@ -70,7 +71,7 @@ fn asyncio_offsets_match_live_objects() {
         let (argv, offsets_file) = checker_argv(py, "check");
         let target = spawn_argv(&py.label, &argv);
         assert!(target.first_line.starts_with("READY"), "{}: {}", py.label, target.first_line);
-        let attached = attach(target.pid(), &AttachOptions::default()).unwrap_or_else(|e| panic!("attach: {e}"));
+        let attached = attach(target.pid(), None).unwrap_or_else(|e| panic!("attach: {e}"));
         let o = locate(&attached).unwrap_or_else(|e| panic!("locate: {e}")).expect("asyncio is imported: the locator must find it");
         // 3.14+ must come from the target itself, not from a file.
         let from_target = o.provenance.starts_with("the target's .AsyncioDebug");
@@ -129,7 +130,7 @@ fn asyncio_offsets_match_live_objects() {
 fn asyncio_not_imported_yet() {
     for_each_interpreter(|py| {
         let target = py.spawn("print_ready_sleep.py", &[]);
-        let attached = attach(target.pid(), &AttachOptions::default()).unwrap_or_else(|e| panic!("attach: {e}"));
+        let attached = attach(target.pid(), None).unwrap_or_else(|e| panic!("attach: {e}"));
         let found = locate(&attached).unwrap_or_else(|e| panic!("locate: {e}"));
         let loaded = attached.maps.iter().any(|m| m.path.as_deref().is_some_and(|p| p.contains("/_asyncio")));
         assert!(!loaded, "the target should not have imported asyncio");

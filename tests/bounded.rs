@@ -3,8 +3,8 @@
 mod common;
 
 use common::*;
-use pyprof::attach::AttachOptions;
 use pyprof::profile::aggregate::{AggregateOptions, Aggregator, MAX_FRAME_SHORTCUTS};
+use pyprof::session::SessionOptions;
 use pyprof::session::{Session, SnapshotNeeds};
 use std::time::{Duration, Instant};
 
@@ -20,12 +20,12 @@ fn a_target_compiling_new_code_for_a_minute_keeps_the_aggregator_bounded() {
         return;
     };
     let target = py.spawn("code_factory.py", &["60"]);
-    let mut s = Session::attach(target.pid(), &AttachOptions::default()).expect("attach");
+    let mut s = Session::attach(target.pid(), &SessionOptions::default()).expect("attach");
     let mut agg = Aggregator::new(AggregateOptions::default());
     let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false, holders_only: false };
     let (start, mut samples, mut generated) = (Instant::now(), 0u64, std::collections::HashSet::new());
     while start.elapsed() < Duration::from_secs(58) {
-        if let Ok(threads) = s.snapshot(needs) {
+        if let Ok(threads) = s.snapshot_alone(needs) {
             for t in &threads {
                 samples += 1;
                 generated.extend(t.frames.iter().filter(|f| f.function.starts_with("generated_")).map(|f| f.function.to_string()));

@@ -6,15 +6,15 @@
 mod common;
 
 use common::*;
-use pyprof::attach::AttachOptions;
 use pyprof::profile::model::Profile;
+use pyprof::session::SessionOptions;
 use pyprof::session::{Session, SnapshotNeeds};
 use pyprof::stack::Frame;
 
 /// Attach to a fresh `script` target (kept alive alongside the session).
 fn attach(py: &Interpreter, script: &str) -> (TargetProcess, Session) {
     let target = py.spawn(script, &[]);
-    let s = Session::attach(target.pid(), &AttachOptions::default()).unwrap_or_else(|e| panic!("{}: attach: {e}", py.label));
+    let s = Session::attach(target.pid(), &SessionOptions::default()).unwrap_or_else(|e| panic!("{}: attach: {e}", py.label));
     (target, s)
 }
 
@@ -24,7 +24,7 @@ fn snapshots(s: &mut Session, n: usize, mut check: impl FnMut(&[Frame])) -> u64 
     let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false, holders_only: false };
     let mut ok = 0;
     for _ in 0..n {
-        if let Ok(t) = s.snapshot(needs) {
+        if let Ok(t) = s.snapshot_alone(needs) {
             check(&t[0].frames);
             ok += 1;
             s.recycle(t);
@@ -111,8 +111,8 @@ fn code_counters_replace_code_reads_on_3_12_and_later() {
 /// older versions have none.
 #[test]
 fn the_code_version_counter_is_where_pyprof_looks() {
-    use pyprof::attach::CodeCounter;
     use pyprof::process::memory::RemoteMemory;
+    use pyprof::python::interpreter::CodeCounter;
     for_each_interpreter(|py| {
         let (target, s) = attach(py, "fresh_code.py");
         let code: u64 = target.first_line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("ready line");

@@ -299,11 +299,14 @@ fn record_native_keeps_c_frames_in_every_format_and_reports_the_pause() {
     let target = interp.spawn("native_qsort.py", &[]);
     let dir = temp_dir("record-native");
     let json = dir.join("out.json");
-    let out = pyprof(&["record", "--native", "--pid", &target.pid().to_string(), "-r", "200", "-d", "1", "-o", json.to_str().unwrap()]);
+    let out = pyprof(&["record", "--native", "-v", "--pid", &target.pid().to_string(), "-r", "200", "-d", "1", "-o", json.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let line = stderr.lines().find(|l| l.contains("native:")).unwrap_or_else(|| panic!("no native summary: {stderr}"));
-    assert!(line.contains("% merged") && line.contains("held"), "{line}");
+    let line = stderr.lines().find(|l| l.contains("native:")).unwrap_or_else(|| panic!("no native summary with -v: {stderr}"));
+    assert!(line.contains("% merged"), "{line}");
+    // The pause is the cost line's, for every sampler.
+    let cost = stderr.lines().find(|l| l.starts_with("pyprof: sampling: native")).unwrap_or_else(|| panic!("no cost line: {stderr}"));
+    assert!(cost.contains("every Python thread stopped") && cost.contains("µs each"), "{cost}");
     let profile: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let frames = profile["frames"].as_array().unwrap();
     assert!(

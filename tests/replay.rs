@@ -11,7 +11,6 @@
 
 use std::path::{Path, PathBuf};
 
-use pyprof::attach::Interpreter;
 use pyprof::binary::version::PythonVersion;
 use pyprof::error::Error;
 use pyprof::offsets::{CodeCounter, Offsets};
@@ -19,6 +18,7 @@ use pyprof::process::memory::RemoteMemory;
 use pyprof::process::replay::{CaptureInfo, Replay, ReportedThread};
 use pyprof::python::code::{CodeCache, Generations, Sources};
 use pyprof::python::frames::{FrameWalker, WalkContext};
+use pyprof::python::interpreter::Interpreter;
 use pyprof::python::snapshot::{Check, SnapshotNeeds, Snapshotter, Source};
 use pyprof::python::strings::read_unicode;
 use pyprof::python::threads::{ThreadState, thread_states};

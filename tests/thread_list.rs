@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use pyprof::attach::AttachOptions;
+use pyprof::session::SessionOptions;
 use pyprof::session::{Session, SnapshotNeeds};
 use std::time::{Duration, Instant};
 
@@ -21,13 +21,13 @@ fn exited_threads_never_come_back() {
     for_each_interpreter(|py| {
         let target = py.spawn("thread_churn.py", &[]);
         let pid = target.pid();
-        let mut s = Session::attach(pid, &AttachOptions::default()).unwrap_or_else(|e| panic!("{}: attach: {e}", py.label));
+        let mut s = Session::attach(pid, &SessionOptions::default()).unwrap_or_else(|e| panic!("{}: attach: {e}", py.label));
         let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false, holders_only: false };
         let (mut snapshots, mut with_worker, mut seen) = (0u64, 0u64, std::collections::BTreeSet::new());
         let mut gone: Vec<u64> = Vec::new();
         let end = Instant::now() + Duration::from_secs(1);
         while Instant::now() < end {
-            let Ok(t) = s.snapshot(needs) else { continue };
+            let Ok(t) = s.snapshot_alone(needs) else { continue };
             snapshots += 1;
             // A thread state made for a thread not yet started has no tid (0).
             let workers: Vec<u64> = t.iter().filter_map(|th| th.native_id).filter(|&id| id != pid as u64 && id != 0).collect();

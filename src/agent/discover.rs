@@ -17,11 +17,11 @@ use regex::Regex;
 use super::labels::LabelSource;
 use super::metrics::Counters;
 use super::window::{TargetInfo, Windows};
-use crate::attach::AttachOptions;
 use crate::error::Error;
 use crate::process::new_pids::{Created, NewPids, parent_of_process};
 use crate::sampler::Discover;
 use crate::session::Session;
+use crate::session::SessionOptions;
 
 /// A process younger than this is tried again until it is this old.
 const SETTLE: Duration = Duration::from_secs(2);
@@ -51,7 +51,7 @@ impl Selection {
 
 pub struct Finder {
     selection: Selection,
-    opts: AttachOptions,
+    opts: SessionOptions,
     labels: LabelSource,
     windows: Arc<Windows>,
     counters: Arc<Counters>,
@@ -102,7 +102,7 @@ fn by_command_line(selection: &Selection, raw: &[u8], settled: bool) -> Step {
 }
 
 impl Finder {
-    pub fn new(selection: Selection, opts: AttachOptions, labels: LabelSource, windows: Arc<Windows>, counters: Arc<Counters>) -> Finder {
+    pub fn new(selection: Selection, opts: SessionOptions, labels: LabelSource, windows: Arc<Windows>, counters: Arc<Counters>) -> Finder {
         Finder {
             selection,
             opts,

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::attach::AttachOptions;
 use crate::sampler::{self, Mode, Sample, SamplerStats, SamplingConfig, Sink};
+use crate::session::SessionOptions;
 use discover::{Finder, Selection};
 use export::{Exporter, PushOptions};
 use metrics::Counters;
@@ -53,7 +53,7 @@ pub struct AgentConfig {
     /// Stop after this long (tests); None: until SIGINT or SIGTERM.
     pub duration: Option<Duration>,
     pub push: PushOptions,
-    pub attach: AttachOptions,
+    pub attach: SessionOptions,
 }
 
 /// The sampler's sink: every sample to the windows, the running totals to

@@ -96,6 +96,7 @@ fn meta(mode: Mode, pid: i32, command: Vec<String>, python_version: String, span
         start_time: from.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
         pyprof_version: env!("CARGO_PKG_VERSION").into(),
         samples,
+        ticks: 0,
         late: 0,
         errors: Default::default(),
         stop_reason: "interval".into(),

@@ -118,6 +118,7 @@ pub fn parse_collapsed(text: &str) -> anyhow::Result<Profile> {
         start_time: 0.0,
         pyprof_version: String::new(),
         samples: stacks.iter().map(|s: &Stack| s.count).sum(),
+        ticks: 0,
         late: 0,
         errors: Default::default(),
         stop_reason: String::new(),

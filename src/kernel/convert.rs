@@ -4,12 +4,12 @@
 //! (they do not change while they exist; see [`Converter::gens`] for how a
 //! freed and reused address is caught).
 
-use crate::attach::{CodeCounter, Interpreter};
 use crate::error::{Error, Result};
 use crate::offsets::Offsets;
 use crate::process::memory::{RemoteMemory, VmReader};
 use crate::python::code::{CodeCache, Generations, Sources};
 use crate::python::frames::{FrameWalker, WalkContext};
+use crate::python::interpreter::{CodeCounter, Interpreter};
 use crate::stack::Frame;
 
 use super::captured::Captured;

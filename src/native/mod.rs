@@ -1,5 +1,5 @@
 //! `--native`: C frames merged with Python frames. Per sample, the target's
-//! threads are held for a moment (`process::ptrace`), each one's C stack is unwound
+//! threads are held for a moment (`acquire::stop_all`), each one's C stack is unwound
 //! with DWARF CFI (framehop, over the modules in [`modules`]), every return
 //! address is named ([`symbols`], perf map, jitdump) and [`merge`] splices the
 //! Python frames read in the same moment into place.
@@ -23,9 +23,10 @@ use std::time::{Duration, Instant};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{FrameAddress, Unwinder};
 
+use crate::process::Target;
 use crate::process::maps::{Mapping, read_maps};
 use crate::process::memory::RemoteMemory;
-use crate::process::{Target, ptrace};
+use crate::stack::Regs;
 use merge::{NativeFrame, NativeKind};
 use modules::{Bytes, CodeModule};
 
@@ -53,10 +54,6 @@ pub struct NativeStats {
     pub unmerged: u64,
     /// Samples whose thread could not be stopped in time (no native frames).
     pub no_registers: u64,
-    /// Total and worst time the target's threads were held.
-    pub pause: Duration,
-    pub pause_max: Duration,
-    pub pauses: u64,
 }
 
 impl NativeStats {
@@ -66,24 +63,18 @@ impl NativeStats {
         self.truncated += o.truncated;
         self.unmerged += o.unmerged;
         self.no_registers += o.no_registers;
-        self.pause += o.pause;
-        self.pause_max = self.pause_max.max(o.pause_max);
-        self.pauses += o.pauses;
     }
 
     /// One line for the record summary.
     pub fn describe(&self) -> String {
         let pct = |n: u64| if self.stacks == 0 { 0.0 } else { 100.0 * n as f64 / self.stacks as f64 };
-        let mean = if self.pauses == 0 { 0.0 } else { self.pause.as_secs_f64() * 1e6 / self.pauses as f64 };
         format!(
-            "native: {} stacks, {:.1}% merged, {:.1}% truncated, {:.1}% not merged, {} without registers; target held {:.0} µs per sample on average ({:.0} µs at most)",
+            "native: {} stacks, {:.1}% merged, {:.1}% truncated, {:.1}% not merged, {} without registers",
             self.stacks,
             pct(self.merged),
             pct(self.truncated),
             pct(self.unmerged),
             self.no_registers,
-            mean,
-            self.pause_max.as_secs_f64() * 1e6
         )
     }
 }
@@ -355,14 +346,14 @@ impl NativeState {
 
     /// Unwind one stopped thread (memory is read while it is held). Returns
     /// whether the unwind reached the stack's end; `out` is innermost first.
-    pub fn unwind_raw(&mut self, mem: &dyn RemoteMemory, regs: ptrace::Regs, out: &mut Vec<NativeRaw>) -> bool {
+    pub fn unwind_raw(&mut self, mem: &dyn RemoteMemory, regs: Regs, out: &mut Vec<NativeRaw>) -> bool {
         let mut pool = std::mem::take(&mut self.stack_pool);
         let complete = self.unwind_with(mem, regs, out, &mut pool);
         self.stack_pool = pool;
         complete
     }
 
-    fn unwind_with(&mut self, mem: &dyn RemoteMemory, regs: ptrace::Regs, out: &mut Vec<NativeRaw>, pool: &mut Vec<(u64, Vec<u8>)>) -> bool {
+    fn unwind_with(&mut self, mem: &dyn RemoteMemory, regs: Regs, out: &mut Vec<NativeRaw>, pool: &mut Vec<(u64, Vec<u8>)>) -> bool {
         out.clear();
         let mut reader = StackReader { mem, pool, used: 0 };
         let mut read = |a: u64| reader.read_u64(a);

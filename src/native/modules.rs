@@ -9,10 +9,7 @@ use std::ops::{Deref, Range};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use goblin::elf::Elf;
-use goblin::elf::program_header::PT_LOAD;
-
-use crate::binary::elf::{Load, load_bias};
+use crate::binary::elf::{ElfView, load_bias};
 use crate::process::Target;
 use crate::process::maps::Mapping;
 
@@ -67,17 +64,11 @@ impl CodeModule {
     }
 }
 
-fn section_bytes(map: &Arc<memmap2::Mmap>, elf: &Elf, name: &str) -> Option<(Range<u64>, Bytes)> {
-    let sh = elf.section_headers.iter().find(|s| elf.shdr_strtab.get_at(s.sh_name) == Some(name))?;
-    if sh.sh_type == goblin::elf::section_header::SHT_NOBITS {
-        return None;
-    }
-    let start = sh.sh_offset as usize;
-    let end = start.checked_add(sh.sh_size as usize)?;
-    if end > map.len() {
-        return None;
-    }
-    Some((sh.sh_addr..sh.sh_addr + sh.sh_size, Bytes { data: map.clone(), range: start..end }))
+/// A section's svma range and its bytes, in place in the mmap.
+fn section_bytes(map: &Arc<memmap2::Mmap>, elf: &ElfView, name: &str) -> Option<(Range<u64>, Bytes)> {
+    let sh = elf.section(name)?;
+    let range = elf.section_range(sh)?;
+    Some((sh.sh_addr..sh.sh_addr.checked_add(sh.sh_size)?, Bytes { data: map.clone(), range }))
 }
 
 /// Open one file-backed module and find its bias from the mappings.
@@ -86,17 +77,11 @@ pub fn load_module(target: &Target, path: &str, maps: &[&Mapping]) -> Option<Cod
     let file = std::fs::File::open(&host_path).ok()?;
     // SAFETY: read-only private mapping of a library the target itself has mapped.
     let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.ok()?);
-    let elf = Elf::parse(&map).ok()?;
-    if !elf.is_64 || !elf.little_endian {
+    let elf = ElfView::parse(&map).ok()?;
+    if !elf.is_64_le() {
         return None;
     }
-    let loads: Vec<Load> = elf
-        .program_headers
-        .iter()
-        .filter(|p| p.p_type == PT_LOAD)
-        .map(|p| Load { vaddr: p.p_vaddr, offset: p.p_offset, filesz: p.p_filesz, memsz: p.p_memsz })
-        .collect();
-    let bias = load_bias(&loads, maps)?;
+    let bias = load_bias(&elf.loads(), maps)?;
     let text: Vec<Range<u64>> = maps.iter().filter(|m| m.executable).map(|m| m.start..m.end).collect();
     let avma = maps.iter().map(|m| m.start).min()?..maps.iter().map(|m| m.end).max()?;
     let file_offsets = maps.iter().map(|m| (m.start..m.end, m.offset)).collect();

@@ -25,18 +25,14 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::{FieldMap, Offsets, debug, table};
-use crate::attach::Attached;
-use crate::binary::elf::ElfFile;
+use super::{FieldMap, Offsets, table};
 use crate::error::{Error, Result};
-use crate::process::file_name;
-use crate::process::maps::{Mapping, read_maps};
-use crate::process::memory::RemoteMemory;
 
 /// How a task finds the task (or future) awaiting it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all(deserialize = "snake_case"))]
 pub enum AwaiterLinks {
     /// ≤ 3.13: through the done-callbacks the awaiter registered on it
     /// (`fut_callback0`, then the `fut_callbacks` list of (callback, context)
@@ -154,40 +150,67 @@ const FILES: &[(u32, &str)] = &[
 const MAX_OBJECT: u64 = 1 << 16;
 const MAX_STATE: u64 = 1 << 20;
 
-/// One parsed `offsets/asyncio/cpython-3.X.toml`: `section.key` → value
-/// (constants may be negative), and its `[layout]` words.
+/// One parsed `offsets/asyncio/cpython-3.X.toml`: its `[layout]`, and
+/// every other table as `section.key` → value (constants may be negative).
 struct File {
     minor: u32,
     provenance: String,
-    layout: BTreeMap<String, String>,
+    layout: AsyncLayout,
     values: BTreeMap<String, i64>,
+}
+
+/// The file as serde reads it.
+#[derive(Deserialize)]
+struct FileToml {
+    provenance: table::Provenance,
+    layout: AsyncLayout,
+    #[serde(flatten)]
+    structs: BTreeMap<String, toml::Table>,
+}
+
+/// `[layout]`: which shape of task graph, coroutine frame and value stack
+/// the version has. Every word stated, none unknown.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AsyncLayout {
+    awaiter_links: AwaiterLinks,
+    gen_frame: GenFrameKind,
+    value_stack: ValueStackKind,
+    awaited_slot: u64,
+}
+
+/// The shapes of [`GenFrame`] and [`ValueStack`], as a file names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum GenFrameKind {
+    Pointer,
+    Embedded,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ValueStackKind {
+    FrameStacktop,
+    FrameDepth,
+    LocalsplusTop,
+    StackPointer,
 }
 
 impl File {
     fn parse(minor: u32, text: &str) -> std::result::Result<File, String> {
-        let doc: toml::Table = text.parse().map_err(|e| format!("{e}"))?;
-        let mut layout = BTreeMap::new();
+        let name = format!("offsets/asyncio/cpython-3.{minor}.toml");
+        let doc: FileToml = toml::from_str(text).map_err(|e| table::toml_error(&name, text, &e))?;
         let mut values = BTreeMap::new();
-        let mut provenance = Vec::new();
-        for (section, table) in doc.iter().filter_map(|(s, v)| Some((s, v.as_table()?))) {
+        for (section, table) in &doc.structs {
             for (k, v) in table {
-                match section.as_str() {
-                    "provenance" => {
-                        provenance.extend(v.as_str().filter(|_| matches!(k.as_str(), "python" | "source" | "applies_to")).map(|v| format!("{k}: {v}")))
-                    }
-                    "layout" if v.is_str() => {
-                        layout.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
-                    }
-                    _ => {
-                        values.insert(format!("{section}.{k}"), v.as_integer().ok_or(format!("{section}.{k} is not an integer"))?);
-                    }
-                }
+                values.insert(format!("{section}.{k}"), v.as_integer().ok_or(format!("{name}: {section}.{k} is not an integer"))?);
             }
         }
-        if provenance.is_empty() {
-            return Err("no [provenance]".into());
-        }
-        Ok(File { minor, provenance: format!("offsets/asyncio/cpython-3.{minor}.toml ({})", provenance.join("; ")), layout, values })
+        // Keys in alphabetical order, as ever: the provenance a profile's
+        // metadata shows stays the same.
+        let p = &doc.provenance;
+        let provenance = format!("{name} (applies_to: {}; python: {}; source: {})", p.applies_to, p.python, p.source);
+        Ok(File { minor, provenance, layout: doc.layout, values })
     }
 
     fn bad(&self, why: impl Into<String>) -> Error {
@@ -203,44 +226,42 @@ impl File {
         let v = *self.values.get(key).ok_or_else(|| self.bad(format!("missing {key}")))?;
         i8::try_from(v).map_err(|_| self.bad(format!("{key} = {v} is not an i8")))
     }
-    fn word(&self, key: &str) -> Result<&str> {
-        self.layout.get(key).map(String::as_str).ok_or_else(|| self.bad(format!("[layout] {key} missing")))
-    }
 
     /// Where a coroutine's frame and its value stack are, from the file
     /// (`gen`/`frame`) or, where given, from the target's `_Py_DebugOffsets`.
     fn frames(&self, debug: &dyn Fn(&str) -> Option<u64>) -> Result<(GenFrame, ValueStack, u64, u64)> {
         let pick = |dkey: &str, fkey: &str| -> Result<u64> { debug(dkey).map_or_else(|| self.get(fkey), Ok) };
         let gen_size = pick("gen_object.size", "gen.size")?;
-        let gen_frame = match self.word("gen_frame")? {
-            "pointer" => GenFrame::Pointer { gi_frame: self.get("gen.gi_frame")? },
-            "embedded" => GenFrame::Embedded {
+        let gen_frame = match self.layout.gen_frame {
+            GenFrameKind::Pointer => GenFrame::Pointer { gi_frame: self.get("gen.gi_frame")? },
+            GenFrameKind::Embedded => GenFrame::Embedded {
                 gi_iframe: pick("gen_object.gi_iframe", "gen.gi_iframe")?,
                 gi_frame_state: pick("gen_object.gi_frame_state", "gen.gi_frame_state")?,
                 suspended_min: self.state("constants.frame_suspended_min")?,
                 suspended_max: self.state("constants.frame_suspended_max")?,
             },
-            other => return Err(self.bad(format!("unknown gen_frame {other}"))),
         };
         let frame_size = pick("interpreter_frame.size", "frame.size")?;
-        let value_stack = match self.word("value_stack")? {
-            "frame_stacktop" => ValueStack::FrameStacktop { f_stacktop: self.get("frame.f_stacktop")? },
-            "frame_depth" => ValueStack::FrameDepth { f_valuestack: self.get("frame.f_valuestack")?, f_stackdepth: self.get("frame.f_stackdepth")? },
-            "localsplus_top" => ValueStack::LocalsplusTop { localsplus: self.get("frame.localsplus")?, stacktop: self.get("frame.stacktop")? },
-            "stack_pointer" => ValueStack::StackPointer {
+        let value_stack = match self.layout.value_stack {
+            ValueStackKind::FrameStacktop => ValueStack::FrameStacktop { f_stacktop: self.get("frame.f_stacktop")? },
+            ValueStackKind::FrameDepth => {
+                ValueStack::FrameDepth { f_valuestack: self.get("frame.f_valuestack")?, f_stackdepth: self.get("frame.f_stackdepth")? }
+            }
+            ValueStackKind::LocalsplusTop => ValueStack::LocalsplusTop { localsplus: self.get("frame.localsplus")?, stacktop: self.get("frame.stacktop")? },
+            ValueStackKind::StackPointer => ValueStack::StackPointer {
                 stackpointer: pick("interpreter_frame.stackpointer", "frame.stackpointer")?,
                 tag_mask: self.get("constants.stack_tag_mask")?,
             },
-            other => return Err(self.bad(format!("unknown value_stack {other}"))),
         };
         Ok((gen_frame, value_stack, gen_size, frame_size))
     }
 }
 
 fn file(minor: u32) -> Option<Result<File>> {
-    FILES.iter().find(|&&(m, _)| m == minor).map(|&(m, text)| {
-        File::parse(m, text).map_err(|why| Error::BadOffsets { version: format!("3.{m} (asyncio)"), why: format!("offsets/asyncio/cpython-3.{m}.toml: {why}") })
-    })
+    FILES
+        .iter()
+        .find(|&&(m, _)| m == minor)
+        .map(|&(m, text)| File::parse(m, text).map_err(|why| Error::BadOffsets { version: format!("3.{m} (asyncio)"), why }))
 }
 
 /// 3.8–3.13: the offsets of the embedded file, validated. None for a version
@@ -255,7 +276,7 @@ pub fn for_version(minor: u32) -> Option<Result<AsyncioOffsets>> {
 }
 
 fn from_file(f: &File) -> Result<AsyncioOffsets> {
-    if f.word("awaiter_links")? != "callbacks" {
+    if f.layout.awaiter_links != AwaiterLinks::Callbacks {
         return Err(f.bad("a file with [task] must link awaiters by callbacks"));
     }
     let (gen_frame, value_stack, gen_size, frame_size) = f.frames(&|_| None)?;
@@ -319,7 +340,7 @@ fn generic(f: &File, gen_frame: GenFrame, value_stack: ValueStack, debug: &dyn F
         weakref_object: f.get("weakref.wr_object")?,
         gen_frame,
         value_stack,
-        awaited_slot: Some(f.get("layout.awaited_slot")?).filter(|n| (1..=4).contains(n)).ok_or_else(|| f.bad("[layout] awaited_slot is not 1-4"))?,
+        awaited_slot: Some(f.layout.awaited_slot).filter(|n| (1..=4).contains(n)).ok_or_else(|| f.bad("[layout] awaited_slot is not 1-4"))?,
         c_tasks: true,
         thread_running_task: None,
         thread_running_loop: None,
@@ -405,7 +426,7 @@ fn validate(o: &AsyncioOffsets, f: &File, gen_size: u64, frame_size: u64, debug:
 }
 
 /// The words of `_Py_AsyncioModuleDebugOffsets` (3.14+), in order.
-const SECTION_WORDS: [&str; 13] = [
+pub(crate) const SECTION_WORDS: [&str; 13] = [
     "task.size",
     "task.name",
     "task.awaited_by",
@@ -482,44 +503,6 @@ pub fn from_debug_section(bytes: &[u8], interp: &Offsets, debug: &FieldMap) -> R
     Ok(o)
 }
 
-/// The asyncio offsets of an attached target. 3.8–3.13: the embedded file's.
-/// 3.14+: read from the `.AsyncioDebug` section of whichever mapped binary
-/// holds `_asyncio`: its own `_asyncio*.so`, or (built in) the interpreter's
-/// executable or libpython. `Ok(None)`: no mapped binary has it yet (the
-/// program has not imported asyncio; the caller tries again later). The
-/// maps are read afresh: the module is often loaded after attach.
-pub fn locate(attached: &Attached) -> Result<Option<AsyncioOffsets>> {
-    let interp = &attached.interp.offsets;
-    if let Some(o) = for_version(interp.version.minor) {
-        return o.map(Some);
-    }
-    let maps = read_maps(attached.target.pid)?;
-    let mut candidates: Vec<&str> = Vec::new();
-    for m in &maps {
-        let Some(path) = m.path.as_deref() else { continue };
-        if file_name(path).starts_with("_asyncio") && file_name(path).contains(".so") && !candidates.contains(&path) {
-            candidates.push(path);
-        }
-    }
-    candidates.push(&attached.module);
-    for module in candidates {
-        let Some(bytes) = read_section(attached, &maps, module)? else { continue };
-        let file = table::for_minor(interp.version.minor)
-            .ok_or_else(|| Error::UnsupportedVersion { pid: attached.target.pid, version: interp.version.to_string() })?
-            .map_err(|why| Error::BadOffsets { version: interp.version.to_string(), why })?;
-        let debug = debug::load(&attached.mem, attached.interp.runtime, &file, &interp.version)?;
-        return from_debug_section(&bytes, interp, &debug).map(Some);
-    }
-    // No `_asyncio` mapped: asyncio not imported yet, or run without its
-    // accelerator. Pure-Python tasks can be read all the same; the caller
-    // keeps looking for the section, for C tasks.
-    let file = table::for_minor(interp.version.minor)
-        .ok_or_else(|| Error::UnsupportedVersion { pid: attached.target.pid, version: interp.version.to_string() })?
-        .map_err(|why| Error::BadOffsets { version: interp.version.to_string(), why })?;
-    let debug = debug::load(&attached.mem, attached.interp.runtime, &file, &interp.version)?;
-    pure_python_only(interp, &debug).map(Some)
-}
-
 /// 3.14+ without a `.AsyncioDebug`: what pure-Python tasks need (generic
 /// objects from the file, generators and frames from `debug`), and no C task
 /// layout ([`AsyncioOffsets::c_tasks`] false).
@@ -536,24 +519,10 @@ pub fn pure_python_only(interp: &Offsets, debug: &FieldMap) -> Result<AsyncioOff
     Ok(o)
 }
 
-/// The bytes of `module`'s `.AsyncioDebug` as the target has them in memory,
-/// None if the file (reached through /proc/PID/root) has no such section.
-fn read_section(attached: &Attached, maps: &[Mapping], module: &str) -> Result<Option<Vec<u8>>> {
-    let elf = ElfFile::open(&attached.target.host_path(module))?;
-    let Some(sec) = elf.section(".AsyncioDebug") else { return Ok(None) };
-    if sec.nobits || sec.size < (SECTION_WORDS.len() * 8) as u64 || sec.size > 4096 {
-        return Err(Error::Binary { path: module.into(), why: format!(".AsyncioDebug of {} bytes is not a _Py_AsyncioModuleDebugOffsets", sec.size) });
-    }
-    let own: Vec<&Mapping> = maps.iter().filter(|m| m.path.as_deref() == Some(module)).collect();
-    let bias = elf.load_bias(&own).ok_or_else(|| Error::Binary { path: module.into(), why: "cannot work out load address".into() })?;
-    let mut bytes = vec![0u8; sec.size as usize];
-    attached.mem.read(sec.addr.wrapping_add(bias), &mut bytes)?;
-    Ok(Some(bytes))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::offsets::table;
 
     #[test]
     fn every_file_up_to_3_13_loads() {
@@ -568,6 +537,55 @@ mod tests {
         for minor in [7, 14, 15, 16] {
             assert!(for_version(minor).is_none(), "3.{minor}");
         }
+    }
+
+    /// A `[layout]` word as the file writes it (`LocalsplusTop`: "localsplus_top").
+    fn word(kind: &dyn std::fmt::Debug) -> String {
+        let mut out = String::new();
+        for c in format!("{kind:?}").chars() {
+            if c.is_uppercase() && !out.is_empty() {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        }
+        out
+    }
+
+    /// Every number a file states reaches the parsed file as "section.key"
+    /// (`[layout]`'s as its own), and every `[layout]` word; read with a
+    /// plain TOML table, independently of the parser.
+    #[test]
+    fn every_number_of_every_file_is_read() {
+        for &(minor, text) in FILES {
+            let f = file(minor).unwrap().unwrap_or_else(|e| panic!("3.{minor}: {e}"));
+            let doc: toml::Table = text.parse().unwrap();
+            let mut numbers = BTreeMap::new();
+            for (section, table) in doc.iter().filter(|(s, _)| !matches!(s.as_str(), "provenance" | "layout")) {
+                for (k, v) in table.as_table().unwrap() {
+                    numbers.insert(format!("{section}.{k}"), v.as_integer().unwrap());
+                }
+            }
+            assert_eq!(f.values, numbers, "3.{minor}");
+            let layout = &doc["layout"];
+            assert_eq!(Some(f.layout.awaited_slot as i64), layout["awaited_slot"].as_integer(), "3.{minor}");
+            let words = [word(&f.layout.awaiter_links), word(&f.layout.gen_frame), word(&f.layout.value_stack)];
+            assert_eq!(words.map(Some), ["awaiter_links", "gen_frame", "value_stack"].map(|k| layout[k].as_str().map(str::to_string)), "3.{minor}");
+            assert!(f.provenance.contains(doc["provenance"]["source"].as_str().unwrap()), "3.{minor}");
+        }
+    }
+
+    #[test]
+    fn bad_files_name_the_file_and_the_key() {
+        let text = FILES.iter().find(|f| f.0 == 12).unwrap().1;
+        let err = |t: &str| File::parse(12, t).err().unwrap();
+        let unknown = err(&text.replace("awaited_slot = 1", "awaited_slot = 1\nawaited_slots = 2"));
+        assert!(unknown.starts_with("offsets/asyncio/cpython-3.12.toml, line ") && unknown.contains("unknown field `awaited_slots`"), "{unknown}");
+        let missing = err(&text.replace("value_stack = \"localsplus_top\"", ""));
+        assert!(missing.contains("missing field `value_stack`") && missing.contains("[layout]"), "{missing}");
+        let word = err(&text.replace("\"localsplus_top\"", "\"top\""));
+        assert!(word.contains("unknown variant `top`"), "{word}");
+        let number = err(&text.replace("size = 56", "size = \"56\""));
+        assert!(number.contains("cfunction.size is not an integer"), "{number}");
     }
 
     /// The section Debian's 3.14.10 `_asyncio` carries, read off the .so.

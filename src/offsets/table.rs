@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use serde::Deserialize;
+
 use super::{CodeCounter, Constants, FieldMap, FrameChain, InstanceDict, LastiUnit, Layout, LineTableKind, Rules};
 
 const FILES: &[(u32, &str)] = &[
@@ -41,130 +43,175 @@ pub fn for_minor(minor: u32) -> Option<Result<VersionFile, String>> {
     FILES.iter().find(|&&(m, _)| m == minor).map(|&(m, text)| parse(m, text))
 }
 
-pub fn parse(minor: u32, text: &str) -> Result<VersionFile, String> {
-    let doc: toml::Table = text.parse().map_err(|e| format!("cpython-3.{minor}.toml: {e}"))?;
-    let str_of = |sec: &str, key: &str| -> Option<String> { doc.get(sec)?.get(key)?.as_str().map(str::to_string) };
-    let layout_str = |key: &str| str_of("layout", key).ok_or(format!("cpython-3.{minor}.toml: [layout] {key} missing"));
-    let layout = Layout {
-        frame: match layout_str("frame")?.as_str() {
-            "frame_object" => FrameChain::FrameObject,
-            "interpreter_frame" => FrameChain::InterpreterFrame,
-            other => return Err(format!("unknown frame layout {other}")),
-        },
-        linetable: match layout_str("linetable")?.as_str() {
-            "lnotab" => LineTableKind::Lnotab,
-            "linetable" => LineTableKind::Linetable310,
-            "locations" => LineTableKind::Locations,
-            other => return Err(format!("unknown linetable kind {other}")),
-        },
-        lasti: match layout_str("lasti")?.as_str() {
-            "bytes" => LastiUnit::Bytes,
-            "code_units" => LastiUnit::CodeUnits,
-            "instr_ptr" => LastiUnit::InstrPtr,
-            other => return Err(format!("unknown lasti unit {other}")),
-        },
-        // Optional: without it the walker works and thread names are off.
-        instance_dict: match str_of("layout", "instance_dict").as_deref() {
-            None => None,
-            Some("dictoffset") => Some(InstanceDict::DictOffset),
-            Some("managed_values_preheader") => Some(InstanceDict::ManagedValuesPreheader),
-            Some("managed_tagged_preheader") => Some(InstanceDict::ManagedTaggedPreheader),
-            Some("inline_values") => Some(InstanceDict::InlineValues),
-            Some(other) => return Err(format!("unknown instance_dict layout {other}")),
-        },
-    };
-    let rules = parse_rules(&doc).map_err(|e| format!("cpython-3.{minor}.toml: [rules] {e}"))?;
-    let provenance =
-        ["python", "source", "applies_to"].iter().filter_map(|k| str_of("provenance", k).map(|v| format!("{k}: {v}"))).collect::<Vec<_>>().join("; ");
+/// A file as serde reads it: the words that say how the version behaves
+/// are typed and checked here (an unknown or a missing one is an error that
+/// names it); every other table is `[struct] field = offset`.
+#[derive(Deserialize)]
+struct FileToml {
+    provenance: Provenance,
+    #[serde(with = "LayoutDef")]
+    layout: Layout,
+    #[serde(with = "RulesDef")]
+    rules: Rules,
+    #[serde(default)]
+    constants: BTreeMap<String, i64>,
+    debug_offsets: Option<DebugOffsetsToml>,
+    #[serde(flatten)]
+    structs: BTreeMap<String, toml::Table>,
+}
 
-    let mut fields = FieldMap::new();
-    let mut consts: BTreeMap<String, i64> = BTreeMap::new();
-    let mut debug_fields = None;
-    let mut debug_defaults = None;
-    for (section, value) in &doc {
-        let Some(table) = value.as_table() else { continue };
-        match section.as_str() {
-            "provenance" | "layout" | "rules" => {}
-            "constants" => {
-                for (k, v) in table {
-                    let n = v.as_integer().ok_or(format!("constant {k} is not an integer"))?;
-                    consts.insert(k.clone(), n);
-                    // Also as a field, so Offsets::build sees constants the same
-                    // way from a file and from the 3.13+ merged map.
-                    if let Ok(n) = u64::try_from(n) {
-                        fields.insert(format!("constants.{k}"), n);
-                    }
-                }
-            }
-            "debug_offsets" => {
-                let list = table.get("fields").and_then(|f| f.as_array()).ok_or("debug_offsets.fields missing")?;
-                debug_fields = Some(list.iter().filter_map(|v| v.as_str().map(str::to_string)).collect::<Vec<_>>());
-                if let Some(values) = table.get("header_defaults").and_then(|f| f.as_array()) {
-                    debug_defaults = Some(
-                        values
-                            .iter()
-                            .map(|v| v.as_integer().and_then(|n| u64::try_from(n).ok()).ok_or("header_defaults: not a u64"))
-                            .collect::<Result<Vec<_>, _>>()?,
-                    );
-                }
-            }
-            _ => {
-                for (k, v) in table {
-                    if let Some(n) = v.as_integer() {
-                        let n = u64::try_from(n).map_err(|_| format!("{section}.{k} is negative"))?;
-                        fields.insert(format!("{section}.{k}"), n);
-                    }
-                }
-            }
-        }
+/// `[provenance]`: where the numbers come from. Other keys are notes for
+/// people (how to regenerate, how it was verified).
+#[derive(Deserialize)]
+pub(super) struct Provenance {
+    pub(super) python: String,
+    pub(super) source: String,
+    pub(super) applies_to: String,
+}
+
+impl Provenance {
+    pub(super) fn summary(&self) -> String {
+        format!("python: {}; source: {}; applies_to: {}", self.python, self.source, self.applies_to)
     }
-    let owner = |k: &str| consts.get(k).and_then(|&v| u8::try_from(v).ok());
-    let constants = Constants {
-        first_non_python_owner: [owner("frame_owned_by_cstack"), owner("frame_owned_by_interpreter")].into_iter().flatten().min(),
-        executable_tag_mask: consts.get("executable_tag_mask").copied().unwrap_or(0) as u64,
-        generator_owner: owner("frame_owned_by_generator"),
-    };
-    Ok(VersionFile { minor, provenance, layout, rules, fields, constants, debug_fields, debug_defaults })
+}
+
+#[derive(Deserialize)]
+#[serde(remote = "Layout", deny_unknown_fields)]
+struct LayoutDef {
+    #[serde(with = "FrameChainDef")]
+    frame: FrameChain,
+    #[serde(with = "LineTableKindDef")]
+    linetable: LineTableKind,
+    #[serde(with = "LastiUnitDef")]
+    lasti: LastiUnit,
+    /// Optional: without it the walker works and thread names are off.
+    #[serde(default, deserialize_with = "instance_dict")]
+    instance_dict: Option<InstanceDict>,
+}
+
+#[derive(Deserialize)]
+#[serde(remote = "FrameChain", rename_all = "snake_case")]
+enum FrameChainDef {
+    FrameObject,
+    InterpreterFrame,
+}
+
+#[derive(Deserialize)]
+#[serde(remote = "LineTableKind", rename_all = "snake_case")]
+enum LineTableKindDef {
+    Lnotab,
+    #[serde(rename = "linetable")]
+    Linetable310,
+    Locations,
+}
+
+#[derive(Deserialize)]
+#[serde(remote = "LastiUnit", rename_all = "snake_case")]
+enum LastiUnitDef {
+    Bytes,
+    CodeUnits,
+    InstrPtr,
+}
+
+#[derive(Deserialize)]
+#[serde(remote = "InstanceDict", rename_all = "snake_case")]
+enum InstanceDictDef {
+    #[serde(rename = "dictoffset")]
+    DictOffset,
+    ManagedValuesPreheader,
+    ManagedTaggedPreheader,
+    InlineValues,
+}
+
+fn instance_dict<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<InstanceDict>, D::Error> {
+    InstanceDictDef::deserialize(d).map(Some)
 }
 
 /// `[rules]`: every rule stated, none unknown. A file that does not say how
 /// its version behaves is refused rather than read with guesses.
-fn parse_rules(doc: &toml::Table) -> Result<Rules, String> {
-    let table = doc.get("rules").and_then(|r| r.as_table()).ok_or("missing: the file does not state how this version's frames behave")?;
-    const KNOWN: [&str; 10] = [
-        "frame_objects_recycled",
-        "eval_call_per_frame",
-        "entry_frame_flagged",
-        "entry_shim_frames",
-        "shim_code_name",
-        "caller_stacktop",
-        "popped_executable_cleared",
-        "incomplete_frames_hidden",
-        "current_frame_in_cframe",
-        "code_counter",
-    ];
-    if let Some(k) = table.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-        return Err(format!("unknown rule {k}"));
+#[derive(Deserialize)]
+#[serde(remote = "Rules", deny_unknown_fields)]
+struct RulesDef {
+    frame_objects_recycled: bool,
+    eval_call_per_frame: bool,
+    entry_frame_flagged: bool,
+    entry_shim_frames: bool,
+    /// Stated always; "" for a version without shim frames.
+    #[serde(deserialize_with = "empty_is_none")]
+    shim_code_name: Option<String>,
+    caller_stacktop: bool,
+    popped_executable_cleared: bool,
+    incomplete_frames_hidden: bool,
+    current_frame_in_cframe: bool,
+    #[serde(with = "CodeCounterDef")]
+    code_counter: CodeCounter,
+}
+
+#[derive(Deserialize)]
+#[serde(remote = "CodeCounter", rename_all = "snake_case")]
+enum CodeCounterDef {
+    None,
+    Frees,
+    Versions,
+}
+
+fn empty_is_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    String::deserialize(d).map(|s| Some(s).filter(|s| !s.is_empty()))
+}
+
+/// `[debug_offsets]` (3.13+): the layout of `_Py_DebugOffsets`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DebugOffsetsToml {
+    #[serde(rename = "cookie")]
+    _cookie: String,
+    size: u64,
+    fields: Vec<String>,
+    header_defaults: Option<Vec<u64>>,
+}
+
+/// toml's message on one line, with the file, and the line it points at
+/// (which names the key, or the table a key is missing from).
+pub(super) fn toml_error(file: &str, text: &str, e: &toml::de::Error) -> String {
+    let Some(at) = e.span().map(|s| s.start.min(text.len())) else { return format!("{file}: {}", e.message().trim()) };
+    let line = text[..at].matches('\n').count() + 1;
+    let src = text.lines().nth(line - 1).unwrap_or("");
+    let src = src.split_once(" #").map_or(src, |(code, _)| code).trim();
+    format!("{file}, line {line} ({src}): {}", e.message().trim())
+}
+
+pub fn parse(minor: u32, text: &str) -> Result<VersionFile, String> {
+    let name = format!("cpython-3.{minor}.toml");
+    let doc: FileToml = toml::from_str(text).map_err(|e| toml_error(&name, text, &e))?;
+    let mut fields = FieldMap::new();
+    for (section, table) in &doc.structs {
+        for (k, v) in table {
+            let shown = v.as_integer().map_or_else(|| format!("a {}", v.type_str()), |n| n.to_string());
+            let n = v.as_integer().and_then(|n| u64::try_from(n).ok()).ok_or(format!("{name}: {section}.{k} = {shown} is not an offset"))?;
+            fields.insert(format!("{section}.{k}"), n);
+        }
     }
-    let flag = |k: &str| table.get(k).and_then(|v| v.as_bool()).ok_or(format!("{k} missing or not true/false"));
-    let text = |k: &str| table.get(k).and_then(|v| v.as_str()).ok_or(format!("{k} missing or not a string"));
-    Ok(Rules {
-        frame_objects_recycled: flag("frame_objects_recycled")?,
-        eval_call_per_frame: flag("eval_call_per_frame")?,
-        entry_frame_flagged: flag("entry_frame_flagged")?,
-        entry_shim_frames: flag("entry_shim_frames")?,
-        shim_code_name: Some(text("shim_code_name")?).filter(|n| !n.is_empty()).map(str::to_string),
-        caller_stacktop: flag("caller_stacktop")?,
-        popped_executable_cleared: flag("popped_executable_cleared")?,
-        incomplete_frames_hidden: flag("incomplete_frames_hidden")?,
-        current_frame_in_cframe: flag("current_frame_in_cframe")?,
-        code_counter: match text("code_counter")? {
-            "none" => CodeCounter::None,
-            "frees" => CodeCounter::Frees,
-            "versions" => CodeCounter::Versions,
-            other => return Err(format!("code_counter = {other:?}: not none, frees or versions")),
-        },
-    })
+    // Constants also as fields, so Offsets::build sees them the same way
+    // from a file and from the 3.13+ merged map.
+    for (k, &n) in &doc.constants {
+        if let Ok(n) = u64::try_from(n) {
+            fields.insert(format!("constants.{k}"), n);
+        }
+    }
+    let (debug_fields, debug_defaults) = match doc.debug_offsets {
+        Some(d) if d.size != 8 + 8 * d.fields.len() as u64 => {
+            return Err(format!("{name}: [debug_offsets] size {} is not 8 + 8 × {} fields", d.size, d.fields.len()));
+        }
+        Some(d) => (Some(d.fields), d.header_defaults),
+        None => (None, None),
+    };
+    let owner = |k: &str| doc.constants.get(k).and_then(|&v| u8::try_from(v).ok());
+    let constants = Constants {
+        first_non_python_owner: [owner("frame_owned_by_cstack"), owner("frame_owned_by_interpreter")].into_iter().flatten().min(),
+        executable_tag_mask: doc.constants.get("executable_tag_mask").copied().unwrap_or(0) as u64,
+        generator_owner: owner("frame_owned_by_generator"),
+    };
+    Ok(VersionFile { minor, provenance: doc.provenance.summary(), layout: doc.layout, rules: doc.rules, fields, constants, debug_fields, debug_defaults })
 }
 
 /// The offsets a default build of 3.`minor` has, without a target: the file,
@@ -199,6 +246,72 @@ mod tests {
                     .unwrap_or_else(|e| panic!("3.{minor}: {e}"));
             }
         }
+    }
+
+    /// Every number a file states reaches the parsed file: each `[struct]
+    /// field = offset` as "struct.field", each constant as
+    /// "constants.NAME", and nothing else. Read with a plain TOML table,
+    /// independently of the parser.
+    #[test]
+    fn every_number_of_every_file_is_read() {
+        for &(minor, text) in FILES {
+            let file = for_minor(minor).unwrap().unwrap();
+            let doc: toml::Table = text.parse().unwrap();
+            let mut want = FieldMap::new();
+            for (section, table) in doc.iter().filter(|(s, _)| !matches!(s.as_str(), "provenance" | "layout" | "rules" | "debug_offsets")) {
+                for (k, v) in table.as_table().unwrap() {
+                    want.insert(format!("{section}.{k}"), u64::try_from(v.as_integer().unwrap()).unwrap());
+                }
+            }
+            assert_eq!(file.fields, want, "3.{minor}");
+            let debug = doc.get("debug_offsets");
+            let strings = |k: &str| debug.map(|d| d[k].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect::<Vec<_>>());
+            assert_eq!(file.debug_fields, strings("fields"), "3.{minor}");
+            let words = debug.map(|d| d["header_defaults"].as_array().unwrap().iter().map(|v| v.as_integer().unwrap() as u64).collect::<Vec<_>>());
+            assert_eq!(file.debug_defaults, words, "3.{minor}");
+            let stated = |k: &str| doc["provenance"][k].as_str().unwrap().to_string();
+            assert!(file.provenance.contains(&stated("source")) && file.provenance.contains(&stated("applies_to")), "3.{minor}");
+        }
+    }
+
+    /// Bad files are refused with the file, the line and the key named.
+    #[test]
+    fn bad_files_name_the_file_and_the_key() {
+        let text = FILES.iter().find(|f| f.0 == 12).unwrap().1;
+        let err = |t: &str| parse(12, t).unwrap_err();
+        let unknown = err(&text.replace("[rules]\n", "[rules]\nframes_are_fast = true\n"));
+        assert!(unknown.starts_with("cpython-3.12.toml, line ") && unknown.contains("unknown field `frames_are_fast`"), "{unknown}");
+        assert!(!unknown.contains('\n'), "{unknown}");
+        let missing = err(&text.replace("code_counter = \"versions\"", ""));
+        assert!(missing.contains("cpython-3.12.toml") && missing.contains("missing field `code_counter`") && missing.contains("[rules]"), "{missing}");
+        let word = err(&text.replace("frame = \"interpreter_frame\"", "frame = \"linked_list\""));
+        assert!(word.contains("unknown variant `linked_list`") && word.contains("frame = \"linked_list\""), "{word}");
+        let negative = err(&text.replace("interpreters_head = 40", "interpreters_head = -40"));
+        assert!(negative.contains("runtime_state.interpreters_head = -40"), "{negative}");
+        let layout = err(&text.replace("[layout]\n", "[layout]\nframes = \"x\"\n"));
+        assert!(layout.contains("unknown field `frames`"), "{layout}");
+    }
+
+    /// Representative words of `[layout]` and `[rules]`, one version per shape.
+    #[test]
+    fn layout_and_rules_words_are_read() {
+        let f8 = for_minor(8).unwrap().unwrap();
+        assert_eq!((f8.layout.frame, f8.layout.linetable, f8.layout.lasti), (FrameChain::FrameObject, LineTableKind::Lnotab, LastiUnit::Bytes));
+        assert_eq!(f8.layout.instance_dict, Some(InstanceDict::DictOffset));
+        assert!(f8.rules.frame_objects_recycled && f8.rules.eval_call_per_frame && f8.rules.shim_code_name.is_none());
+        assert_eq!(f8.rules.code_counter, CodeCounter::None);
+        let f10 = for_minor(10).unwrap().unwrap();
+        assert_eq!((f10.layout.linetable, f10.layout.lasti), (LineTableKind::Linetable310, LastiUnit::CodeUnits));
+        let f12 = for_minor(12).unwrap().unwrap();
+        assert_eq!((f12.layout.frame, f12.layout.linetable, f12.layout.lasti), (FrameChain::InterpreterFrame, LineTableKind::Locations, LastiUnit::InstrPtr));
+        assert_eq!(f12.layout.instance_dict, Some(InstanceDict::ManagedTaggedPreheader));
+        assert_eq!(f12.rules.shim_code_name.as_deref(), Some("<interpreter trampoline>"));
+        assert!(f12.rules.entry_shim_frames && f12.rules.caller_stacktop && !f12.rules.frame_objects_recycled);
+        assert_eq!(f12.rules.code_counter, CodeCounter::Versions);
+        let f14 = for_minor(14).unwrap().unwrap();
+        assert_eq!(f14.rules.code_counter, CodeCounter::Frees);
+        assert_eq!(f14.layout.instance_dict, Some(InstanceDict::InlineValues));
+        assert!(f14.constants.first_non_python_owner.is_some() && f14.constants.executable_tag_mask != 0);
     }
 
     /// Every file carries what thread names need: for 3.8–3.12 the file alone

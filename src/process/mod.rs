@@ -9,7 +9,6 @@ pub mod memory;
 pub mod new_pids;
 pub mod occupancy;
 pub mod prefetch;
-pub mod ptrace;
 pub mod replay;
 pub mod run_states;
 pub mod task_states;
@@ -288,6 +287,23 @@ fn clock_read(clock: libc::clockid_t) -> Option<libc::timespec> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: ts is a valid timespec for the call to fill.
     (unsafe { libc::clock_gettime(clock, &mut ts) } == 0).then_some(ts)
+}
+
+/// Exit statuses of processes one of pyprof's own waits for a thread stop
+/// happened to reap (a launched child whose main thread was being stopped
+/// as it exited). `record` asks here when its own wait finds the child gone.
+static REAPED: std::sync::Mutex<Option<std::collections::HashMap<i32, i32>>> = std::sync::Mutex::new(None);
+
+/// Keep the raw wait status of `pid`, reaped by a wait for a thread stop.
+pub fn note_reaped(pid: i32, status: i32) {
+    if let Ok(mut g) = REAPED.lock() {
+        g.get_or_insert_with(Default::default).insert(pid, status);
+    }
+}
+
+/// The raw wait status of `pid` if a wait for a thread stop reaped it.
+pub fn reaped_status(pid: i32) -> Option<i32> {
+    REAPED.lock().ok()?.as_ref()?.get(&pid).copied()
 }
 
 /// Whether process `pid` is on its way out (its main thread has PF_EXITING

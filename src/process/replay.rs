@@ -28,7 +28,7 @@ pub struct CaptureInfo {
     pub python: String,
     /// avma of `_PyRuntime`.
     pub runtime: u64,
-    /// The interpreter module's segments (`attach::Interpreter::image`).
+    /// The interpreter module's segments (`python::interpreter::Interpreter::image`).
     pub image: Vec<(u64, u64)>,
     pub code_version_global: Option<u64>,
     /// The interpreter's own report of every thread, innermost frame first.

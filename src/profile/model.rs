@@ -74,6 +74,10 @@ pub struct Meta {
     pub start_time: f64,
     pub pyprof_version: String,
     pub samples: u64,
+    /// Ticks the recording took (each a snapshot of every process). Absent
+    /// (0) in older profiles.
+    #[serde(default)]
+    pub ticks: u64,
     /// Ticks that fired later than their deadline by more than one interval.
     pub late: u64,
     /// Read errors by kind (e.g. "torn", "read", "corrupt").
@@ -199,6 +203,7 @@ impl Profile {
                 start_time: 1_700_000_000.0,
                 pyprof_version: env!("CARGO_PKG_VERSION").into(),
                 samples: 150,
+                ticks: 150,
                 late: 0,
                 errors: Default::default(),
                 stop_reason: "duration".into(),

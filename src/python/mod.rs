@@ -5,6 +5,7 @@ pub mod code;
 pub mod exception;
 pub mod frames;
 pub mod gil;
+pub mod interpreter;
 pub mod linetable;
 pub mod objects;
 pub mod quiet;

@@ -8,7 +8,6 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use crate::attach::{CodeCounter, Interpreter};
 use crate::error::Result;
 use crate::process::memory::RemoteMemory;
 use crate::process::prefetch::{PrefetchStats, Prefetcher};
@@ -17,6 +16,7 @@ use crate::python::asyncio::{AsyncMode, Readers, TaskGraph, TaskStats, ThreadVie
 use crate::python::code::{CodeCache, CodeCacheStats, Generations, Sources};
 use crate::python::exception::ExceptionState;
 use crate::python::frames::{FrameWalker, WalkContext};
+use crate::python::interpreter::{CodeCounter, Interpreter};
 use crate::python::thread_names::NameCache;
 use crate::python::threads::{ThreadList, ThreadState, find_pthread_tid_offset, gil_holder};
 use crate::python::{quiet, threads};

@@ -11,11 +11,11 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use crate::attach::AttachOptions;
 use crate::process::descendants;
 use crate::process::new_pids::{Created, NewPids, parent_of_process};
 use crate::sampler::Discover;
 use crate::session::Session;
+use crate::session::SessionOptions;
 
 /// Attempts per child before it is taken for a program that is not Python.
 const MAX_TRIES: u32 = 20;
@@ -28,7 +28,7 @@ const MAX_NEW: usize = 512;
 
 pub struct ChildFinder {
     roots: Vec<i32>,
-    opts: AttachOptions,
+    opts: SessionOptions,
     new_pids: Option<NewPids>,
     /// Descendants seen so far, Python or not (a shell's children count).
     family: HashSet<i32>,
@@ -39,7 +39,7 @@ pub struct ChildFinder {
 }
 
 impl ChildFinder {
-    pub fn new(root: i32, opts: AttachOptions) -> ChildFinder {
+    pub fn new(root: i32, opts: SessionOptions) -> ChildFinder {
         ChildFinder {
             roots: vec![root],
             opts,

@@ -6,23 +6,23 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::attach::AttachOptions;
 use crate::error::Error;
 use crate::sampler::StopReason;
 use crate::session::Session;
+use crate::session::SessionOptions;
 
 /// How long a launched command may run without becoming a Python process we
 /// can attach to before we call it "not Python".
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(3);
 
-pub fn launch(argv: &[String], opts: &AttachOptions) -> anyhow::Result<(Child, Session)> {
+pub fn launch(argv: &[String], opts: &SessionOptions) -> anyhow::Result<(Child, Session)> {
     launch_with(argv, opts, false)
 }
 
 /// `detached`: the command gets no terminal (stdin, stdout and stderr go to
 /// /dev/null), for `top`'s view, which its output would draw over and
 /// whose keys it would read.
-pub(crate) fn launch_with(argv: &[String], opts: &AttachOptions, detached: bool) -> anyhow::Result<(Child, Session)> {
+pub(crate) fn launch_with(argv: &[String], opts: &SessionOptions, detached: bool) -> anyhow::Result<(Child, Session)> {
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]);
     if detached {
@@ -81,7 +81,7 @@ pub fn finish(child: &mut Child, reason: StopReason) -> anyhow::Result<i32> {
         Ok(status) => Ok(code(status)),
         // A wait for one of the child's threads to stop (ptrace) may have
         // reaped it as it exited; that wait kept its status.
-        Err(e) => match crate::process::ptrace::reaped_status(child.id() as i32) {
+        Err(e) => match crate::process::reaped_status(child.id() as i32) {
             Some(raw) => Ok(code(std::process::ExitStatus::from_raw(raw))),
             None => Err(e.into()),
         },

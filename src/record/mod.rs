@@ -10,12 +10,12 @@ pub(crate) mod summary;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use crate::attach::AttachOptions;
 use crate::kernel::choose::{SamplerChoice, Wanted, choose};
 use crate::output::{Format, View};
 use crate::profile::aggregate::{AggregateOptions, Aggregator};
 use crate::sampler::{self, Discover, SamplingConfig};
 use crate::session::Session;
+use crate::session::SessionOptions;
 use children::ChildFinder;
 use output::PendingOutput;
 
@@ -38,7 +38,9 @@ pub struct RecordConfig {
     pub view: View,
     pub subprocesses: bool,
     pub quiet: bool,
-    pub attach: AttachOptions,
+    /// `-v`: how the snapshots were taken, counted, after the summary.
+    pub verbose: bool,
+    pub attach: SessionOptions,
 }
 
 /// Returns the process exit code: the launched child's, else 0.

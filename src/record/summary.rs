@@ -1,10 +1,11 @@
 //! What a recording was like: the profile's `meta`, the progress line while
 //! it runs and the summary line after it.
 
-use crate::freeze::{AcquireStats, Sampling};
+use crate::counts::AcquireCounts;
 use crate::profile::model::{Acquisition, Meta};
 use crate::record::RecordConfig;
 use crate::sampler::{Progress, SamplerStats, StopReason};
+use crate::session::Sampling;
 use crate::session::Session;
 
 /// What meta says of the target, taken at attach (the target may be gone
@@ -61,6 +62,7 @@ pub fn meta(cfg: &RecordConfig, t: &Target, stats: &SamplerStats, reason: StopRe
         start_time,
         pyprof_version: env!("CARGO_PKG_VERSION").into(),
         samples: stats.samples,
+        ticks: stats.ticks,
         late: stats.late,
         errors,
         stop_reason: reason.describe().into(),
@@ -70,7 +72,7 @@ pub fn meta(cfg: &RecordConfig, t: &Target, stats: &SamplerStats, reason: StopRe
     }
 }
 
-fn acquisition(cfg: &RecordConfig, a: &AcquireStats) -> Acquisition {
+fn acquisition(cfg: &RecordConfig, a: &AcquireCounts) -> Acquisition {
     let method = match cfg.attach.sampling {
         _ if cfg.attach.native.is_some() => "native",
         Sampling::Exact => "exact",
@@ -92,17 +94,36 @@ fn acquisition(cfg: &RecordConfig, a: &AcquireStats) -> Acquisition {
     }
 }
 
-/// One line on how the samples were taken.
-fn describe(a: &AcquireStats, elapsed: std::time::Duration) -> String {
-    let snapshots = a.stopped + a.gil_free + a.lock_free + a.off_cpu;
-    if a.lock_free > 0 {
-        return format!("sampling: never stopped the target; {} thread samples moved while read and are counted as torn", a.torn);
-    }
+/// What sampling cost the target, for the user: which sampler ran, how
+/// often and how long it held a thread.
+fn cost(a: &AcquireCounts, elapsed: std::time::Duration, native: bool) -> String {
+    let secs = elapsed.as_secs_f64();
+    let share = if secs > 0.0 { 100.0 * a.pause.as_secs_f64() / secs } else { 0.0 };
     let mean = if a.stopped > 0 { a.pause.as_secs_f64() * 1e6 / a.stopped as f64 } else { 0.0 };
-    // Held time only: a stopped thread also pays to stop and to start again.
-    let share = if elapsed.is_zero() { 0.0 } else { 100.0 * a.pause.as_secs_f64() / elapsed.as_secs_f64() };
+    let per_sec = if secs > 0.0 { a.stopped as f64 / secs } else { 0.0 };
+    if a.lock_free > 0 {
+        return format!("sampling: nonblocking, nothing was stopped; {} thread samples moved while read and are counted as torn", a.torn);
+    }
+    let who = if native { "every Python thread" } else { "the GIL holder" };
     format!(
-        "sampling: exact; {} of {snapshots} snapshots held the GIL holder still ({mean:.0} µs per snapshot on average, {:.0} µs at most; held {share:.2} % of the time), {} read without a stop while the holder was on no CPU ({} read again with it stopped, as it got one), {} read with the GIL free, {} read again a few µs late because the GIL changed hands, {} stepped a few instructions out of a half-done frame update{}",
+        "sampling: {}, {who} stopped {} times ({per_sec:.0}/s, {mean:.0} µs each, {share:.2} % of the time held); a stop also costs a CPU-bound target its CPU for a while: expect it {} slower (docs/performance.md)",
+        if native { "native (every thread held)" } else { "exact" },
+        a.stopped,
+        // Measured on CPU-bound targets (docs/performance.md, "Current figures").
+        match per_sec {
+            r if r < 50.0 => "well under 1 %",
+            r if r < 300.0 => "about 1-3 %",
+            r if r < 3_000.0 => "about 8-13 %",
+            _ => "25 % or more",
+        }
+    )
+}
+
+/// How the snapshots were made one instant, counted (`-v`).
+fn describe(a: &AcquireCounts) -> String {
+    let mean = if a.stopped > 0 { a.pause.as_secs_f64() * 1e6 / a.stopped as f64 } else { 0.0 };
+    format!(
+        "snapshots: {} with the holder stopped ({mean:.0} µs on average, {:.0} µs at most), {} read without a stop while the holder was on no CPU ({} read again with it stopped, as it got one), {} with the GIL free, {} read again a few µs late because the GIL changed hands, {} stepped a few instructions out of a half-done frame update ({} finished at a later tick), {} lock-free ({} thread samples torn)",
         a.stopped,
         a.pause_max.as_secs_f64() * 1e6,
         a.off_cpu,
@@ -110,51 +131,54 @@ fn describe(a: &AcquireStats, elapsed: std::time::Duration) -> String {
         a.gil_free,
         a.moved,
         a.stepped,
-        if a.deferred > 0 {
-            format!(" ({} of them finished at a later tick, as the holder waited for a CPU to step on or to stop)", a.deferred)
-        } else {
-            String::new()
-        }
+        a.deferred,
+        a.lock_free,
+        a.torn,
     )
 }
 
-/// The summary line (and the native one, and warnings) on stderr.
+/// The summary (two lines: what was written, and what sampling cost the
+/// target), the diagnostics with `-v`, and warnings, on stderr.
 pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, native: bool, kernel: Option<&crate::kernel::run::KernelStats>) {
     let errs: Vec<String> = stats.errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    let mut gc = match stats.gc_samples {
-        Some(n) => format!("; <GC> in {:.1} % of samples", 100.0 * n as f64 / stats.samples.max(1) as f64),
-        None => String::new(),
-    };
-    if let Some(t) = &stats.tasks {
-        gc.push_str(&format!(
-            "; asyncio: {} samples in a running task, {} of waiting tasks, {} graphs unreadable, {} chains cut",
-            t.task_samples, t.idle_samples, t.errors, t.cut
-        ));
-    }
     eprintln!(
-        "pyprof: {} samples over {} ticks in {:.2} s ({:.1} Hz achieved of {} requested, {} late{}, {:.2} reads/tick){gc}; errors: {}; stopped: {}; wrote {} ({})",
+        "pyprof: wrote {} ({}): {} samples over {} ticks in {:.2} s, {:.1} Hz achieved of {} asked{}; errors: {}; stopped: {}",
+        cfg.output.display(),
+        cfg.format.name(),
         stats.samples,
         stats.ticks,
         stats.elapsed.as_secs_f64(),
         stats.achieved_hz(),
         cfg.sampling.rate_hz,
-        stats.late,
-        if stats.skipped > 0 { format!(", {} ticks skipped", stats.skipped) } else { String::new() },
-        stats.syscalls as f64 / stats.ticks.max(1) as f64,
+        if stats.late > 0 { format!(" ({} late)", stats.late) } else { String::new() },
         if errs.is_empty() { "none".into() } else { errs.join(", ") },
         reason.describe(),
-        cfg.output.display(),
-        cfg.format.name(),
     );
-    if let Some(k) = kernel {
-        eprintln!("pyprof: {}", k.describe(stats));
-    } else if native {
-        eprintln!("pyprof: {}", stats.native.describe());
-    } else {
-        eprintln!("pyprof: {}", describe(&stats.acquire, stats.elapsed));
+    match kernel {
+        Some(k) => eprintln!("pyprof: {}", k.describe(stats)),
+        None => eprintln!("pyprof: {}", cost(&stats.acquire, stats.elapsed, native)),
     }
-    if let Some(r) = &stats.run_states {
-        eprintln!("pyprof: {}", r.describe());
+    if cfg.verbose {
+        let mut extra = format!("{}; {:.2} reads/tick", describe(&stats.acquire), stats.syscalls as f64 / stats.ticks.max(1) as f64);
+        if stats.skipped > 0 {
+            extra.push_str(&format!("; {} ticks skipped", stats.skipped));
+        }
+        if let Some(n) = stats.gc_samples {
+            extra.push_str(&format!("; <GC> in {:.1} % of samples", 100.0 * n as f64 / stats.samples.max(1) as f64));
+        }
+        if let Some(t) = &stats.tasks {
+            extra.push_str(&format!(
+                "; asyncio: {} samples in a running task, {} of waiting tasks, {} graphs unreadable, {} chains cut",
+                t.task_samples, t.idle_samples, t.errors, t.cut
+            ));
+        }
+        eprintln!("pyprof: {extra}");
+        if native {
+            eprintln!("pyprof: {}", stats.native.describe());
+        }
+        if let Some(r) = &stats.run_states {
+            eprintln!("pyprof: {}", r.describe());
+        }
     }
     for w in &stats.native_warnings {
         eprintln!("pyprof: warning: {w}");

@@ -13,10 +13,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::acquire::Taken;
+use crate::acquire::{self, HoldPolicy};
+use crate::counts::AcquireCounts;
 use crate::error::Error;
 use crate::profile::aggregate::Aggregator;
 use crate::session::{Session, SnapshotNeeds};
-use crate::stack::{Frame, ThreadStack};
+use crate::stack::Frame;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -90,7 +93,7 @@ pub struct SamplerStats {
     pub late: u64,
     pub skipped: u64,
     /// How the snapshots were obtained, and how long threads were held.
-    pub acquire: crate::freeze::AcquireStats,
+    pub acquire: AcquireCounts,
     /// Snapshots lost, by kind of failure.
     pub errors: BTreeMap<String, u64>,
     pub elapsed: Duration,
@@ -114,7 +117,6 @@ impl SamplerStats {
     fn add_session(&mut self, s: &Session) {
         self.syscalls += s.attached().mem.syscalls();
         self.cost.add(s);
-        self.acquire.add(&s.acquire_stats());
         if let Some(n) = s.native_stats() {
             self.native.add(n);
         }
@@ -273,7 +275,7 @@ const MAX_PARALLEL: usize = 64;
 /// session is wholly handled by one thread within the tick (ptrace's tracer
 /// is the thread that seized), and each snapshot is still of the instant
 /// its own stop chose. A holder frozen by one thread and not yet let go
-/// (`ptrace::Stopped::add_or_freeze`) stays seized by that thread, which
+/// (`acquire::ptrace::Stopped::add_or_freeze`) stays seized by that thread, which
 /// no other may seize again: so this thread lets go of its frozen holders
 /// before the others start, and each of them of its own before it ends.
 ///
@@ -283,32 +285,20 @@ const MAX_PARALLEL: usize = 64;
 /// scheduled, and with more busy processes than CPUs each waited for one:
 /// 16 spinning workers on 2 CPUs got 45-51 of 1,000 Hz that way, against
 /// 800 on one thread.
-fn snapshot_all(sessions: &mut [Session], needs: SnapshotNeeds) -> Vec<(crate::error::Result<Vec<ThreadStack>>, Duration)> {
-    let one = |s: &mut Session| {
-        let before = s.held_total();
-        let r = s.snapshot(needs);
-        (r, s.held_total().saturating_sub(before))
-    };
+fn snapshot_all(sessions: &mut [Session], needs: SnapshotNeeds) -> Vec<crate::error::Result<Taken>> {
     if sessions.len() < 2 || !sessions.iter().any(Session::waits_for_cpus) {
-        crate::process::ptrace::set_spin_for_stops(sessions.len() >= 2);
         // This thread takes the next tick too: a snapshot may be put off.
-        return sessions
-            .iter_mut()
-            .map(|s| {
-                s.set_may_defer(true);
-                one(s)
-            })
-            .collect();
+        let policy = HoldPolicy { spin_for_stops: sessions.len() >= 2, shared_waits: false, may_defer: true };
+        return sessions.iter_mut().map(|s| s.snapshot(needs, policy)).collect();
     }
-    crate::process::ptrace::set_spin_for_stops(false);
-    crate::process::ptrace::block_sigchld();
-    crate::process::ptrace::release_all_frozen();
+    acquire::start_tick();
+    acquire::release_all_frozen();
     let mut out: Vec<Option<_>> = sessions.iter().map(|_| None).collect();
     // Snapshots put off hold threads that this thread traces: finished here.
+    let alone = HoldPolicy::default();
     for (s, r) in sessions.iter_mut().zip(out.iter_mut()) {
-        s.set_may_defer(false);
         if s.has_pending() {
-            *r = Some(one(s));
+            *r = Some(s.snapshot(needs, alone));
         }
     }
     let mut todo: Vec<(usize, &mut Session)> = sessions.iter_mut().enumerate().filter(|(i, _)| out[*i].is_none()).collect();
@@ -322,17 +312,14 @@ fn snapshot_all(sessions: &mut [Session], needs: SnapshotNeeds) -> Vec<(crate::e
                 .map(|(i, s)| {
                     let i = *i;
                     let h = scope.spawn(move || {
-                        crate::process::ptrace::set_shared_waits(true);
-                        let r = one(s);
-                        crate::process::ptrace::release_all_frozen();
+                        let r = s.snapshot(needs, HoldPolicy { shared_waits: true, ..alone });
+                        acquire::release_all_frozen();
                         r
                     });
                     (i, h)
                 })
                 .collect();
-            crate::process::ptrace::set_shared_waits(others);
-            out[*first_i] = Some(one(first));
-            crate::process::ptrace::set_shared_waits(false);
+            out[*first_i] = Some(first.snapshot(needs, HoldPolicy { shared_waits: others, ..alone }));
             for (i, h) in handles {
                 // A panic in a snapshot goes on as it would have on this thread.
                 out[i] = Some(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
@@ -374,7 +361,7 @@ pub fn run(
         }
         timer.wait();
         // Holders frozen at an earlier tick that have stopped since.
-        crate::process::ptrace::release_frozen();
+        acquire::start_tick();
         if STOP.load(Ordering::SeqCst) {
             break StopReason::Interrupted;
         }
@@ -388,11 +375,12 @@ pub fn run(
         let snapshots = snapshot_all(sessions, needs);
         let mut gone = Vec::new();
         let mut execd = Vec::new();
-        for (i, (snapshot, held_now)) in snapshots.into_iter().enumerate() {
+        for (i, snapshot) in snapshots.into_iter().enumerate() {
             let s = &mut sessions[i];
-            held = held.max(held_now);
             match snapshot {
-                Ok(threads) => {
+                Ok(Taken { threads, counts }) => {
+                    held = held.max(counts.pause);
+                    stats.acquire.add(&counts);
                     let pid = s.pid();
                     let cmd = commands.get(&pid).map(String::as_str).unwrap_or("");
                     threads_seen += threads.len();
@@ -473,7 +461,7 @@ pub fn run(
     // None stays stopped while the profile is written. A snapshot still
     // put off (its holder got no CPU in the last few ticks) is given up.
     sessions.iter_mut().for_each(Session::cancel_pending);
-    crate::process::ptrace::release_all_frozen();
+    acquire::release_all_frozen();
     drop(boost);
     stats.elapsed = timer.elapsed();
     stats.late = timer.late;

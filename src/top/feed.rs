@@ -15,7 +15,7 @@ use crate::profile::aggregate::Aggregator;
 use crate::sampler::{Sample, SamplerStats, Sink, StopReason};
 use crate::stack::Frame;
 
-use super::model::Counts;
+use super::model::{Batch, BatchThread};
 
 pub const BATCH_EVERY: Duration = Duration::from_millis(250);
 
@@ -23,29 +23,6 @@ pub const BATCH_EVERY: Duration = Duration::from_millis(250);
 /// reading would otherwise let it grow with every new stack): about 40 MiB;
 /// then new stacks are counted as "[other stacks]".
 pub const MAX_BATCH_FRAMES: usize = 1 << 20;
-
-/// The samples of one thread since the last batch.
-#[derive(Debug, Default)]
-pub struct BatchThread {
-    pub pid: i32,
-    pub native_id: Option<u64>,
-    pub name: Option<String>,
-    /// Stack (innermost first) → samples.
-    pub stacks: HashMap<Vec<Frame>, u64>,
-    pub counts: Counts,
-}
-
-/// What the sampler saw since the last batch.
-#[derive(Debug, Default)]
-pub struct Batch {
-    pub threads: Vec<BatchThread>,
-    pub ticks: u64,
-    pub elapsed: Duration,
-    /// The sampler's counts since it started (rate, errors).
-    pub stats: SamplerStats,
-    /// Threads in the last snapshot.
-    pub threads_seen: usize,
-}
 
 pub enum Msg {
     Batch(Batch),

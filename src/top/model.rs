@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use rustc_hash::FxHashMap as HashMap;
 
-use super::feed::Batch;
+use crate::sampler::SamplerStats;
 use crate::stack::Frame;
 
 /// Refreshes of history per row (the trend column).
@@ -83,6 +83,29 @@ impl ThreadInfo {
             (None, None) => "?".into(),
         }
     }
+}
+
+/// The samples of one thread since the last batch.
+#[derive(Debug, Default)]
+pub struct BatchThread {
+    pub pid: i32,
+    pub native_id: Option<u64>,
+    pub name: Option<String>,
+    /// Stack (innermost first) → samples.
+    pub stacks: HashMap<Vec<Frame>, u64>,
+    pub counts: Counts,
+}
+
+/// What the sampler saw since the last batch.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub threads: Vec<BatchThread>,
+    pub ticks: u64,
+    pub elapsed: Duration,
+    /// The sampler's counts since it started (rate, errors).
+    pub stats: SamplerStats,
+    /// Threads in the last snapshot.
+    pub threads_seen: usize,
 }
 
 /// Samples of a thread (or all), and how many of them held the GIL, were
@@ -428,7 +451,6 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::top::feed::{Batch, BatchThread};
 
     fn f(name: &str, line: i32) -> Frame {
         Frame::python(name, "app.py", line)

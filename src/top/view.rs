@@ -174,7 +174,7 @@ mod tests {
     use super::*;
     use crate::sampler::SamplerStats;
     use crate::stack::Frame;
-    use crate::top::feed::{Batch, BatchThread};
+    use crate::top::model::{Batch, BatchThread};
     use crate::top::model::{Model, RowKey, Selection};
 
     fn screen(detail: bool) -> (Screen, Ui) {

@@ -13,34 +13,16 @@
 //! Nothing stays attached between samples: if pyprof dies, no thread is left
 //! traced, and signals sent to the target between samples reach it untouched.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::HoldPolicy;
 use crate::error::{Error, Result, permission_hint};
-
-/// A thread's registers at its stop: what unwinding needs on x86-64.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Regs {
-    pub ip: u64,
-    pub sp: u64,
-    pub bp: u64,
-}
+use crate::stack::Regs;
 
 /// How long to wait for one thread to reach its stop. A thread in an
 /// uninterruptible sleep (disk I/O) stops only when it returns to user space;
 /// past this it is released and sampled without native frames.
 pub const STOP_TIMEOUT: Duration = Duration::from_millis(100);
-
-/// Exit statuses of processes our own waitpid happened to reap (a launched
-/// child whose main thread we were stopping as it exited). `record` asks here
-/// when its own wait finds the child already gone.
-static REAPED: Mutex<Option<HashMap<i32, i32>>> = Mutex::new(None);
-
-/// The raw wait status of `pid` if a stop-wait reaped it.
-pub fn reaped_status(pid: i32) -> Option<i32> {
-    REAPED.lock().ok()?.as_ref()?.get(&pid).copied()
-}
 
 /// Threads of one process held stopped; dropping it lets them all go.
 pub struct Stopped {
@@ -56,12 +38,14 @@ pub struct Stopped {
     /// Threads interrupted and proven on no CPU since, which have not
     /// reached their stop (see [`Stopped::add_or_freeze`]).
     frozen: Vec<i32>,
+    /// How this snapshot's waits for stops behave.
+    policy: HoldPolicy,
 }
 
 impl Stopped {
     /// None held yet; [`Stopped::add`] stops some.
-    pub fn none(pid: i32) -> Stopped {
-        Stopped { pid, threads: Vec::new(), reached: Vec::new(), started: None, job_stopped: Vec::new(), frozen: Vec::new() }
+    pub fn none(pid: i32, policy: HoldPolicy) -> Stopped {
+        Stopped { pid, threads: Vec::new(), reached: Vec::new(), started: None, job_stopped: Vec::new(), frozen: Vec::new(), policy }
     }
 
     /// Registers of `tid`, if it reached its stop (and they were asked for).
@@ -104,7 +88,7 @@ impl Stopped {
         let until = Instant::now() + wait;
         let frozen = std::mem::take(&mut self.frozen);
         for tid in frozen {
-            match wait_stop_kind_until(self.pid, tid, until, false) {
+            match wait_stop_kind_until(self.pid, tid, until, Some(HoldPolicy { spin_for_stops: false, ..self.policy })) {
                 Some(Some((sig, job_stop))) => {
                     self.reached.push(tid);
                     if job_stop {
@@ -150,7 +134,7 @@ impl Stopped {
         if self.frozen.contains(&tid) {
             // Stepped from its stop: that stop is waited for first.
             self.frozen.retain(|&t| t != tid);
-            if let Some(Some((sig, _))) = wait_stop_kind(self.pid, tid) {
+            if let Some(Some((sig, _))) = wait_stop_kind(self.pid, tid, self.policy) {
                 self.reached.push(tid);
                 if let Some(t) = self.threads.iter_mut().find(|t| t.0 == tid) {
                     t.2 = sig;
@@ -170,7 +154,7 @@ impl Stopped {
                 self.reached.retain(|&t| t != tid);
                 return false;
             }
-            match wait_stop(self.pid, tid) {
+            match wait_stop(self.pid, tid, self.policy) {
                 // A step (SIGTRAP), or a signal that arrived first: that one
                 // is passed on when the thread is let go, as any other.
                 Some(Some(sig)) => {
@@ -190,7 +174,7 @@ impl Stopped {
                     unsafe {
                         libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize);
                     }
-                    if !matches!(wait_stop(self.pid, tid), Some(Some(_))) {
+                    if !matches!(wait_stop(self.pid, tid, self.policy), Some(Some(_))) {
                         self.reached.retain(|&t| t != tid);
                     }
                     return false;
@@ -249,8 +233,8 @@ impl Stopped {
         }
         for t in self.threads[first..].iter_mut() {
             let waited = match off_cpu.as_deref_mut() {
-                Some(f) => wait_stop_or_freeze(self.pid, t.0, f),
-                None => wait_stop_kind(self.pid, t.0).map(|s| s.map(Waited::Stopped)),
+                Some(f) => wait_stop_or_freeze(self.pid, t.0, f, self.policy),
+                None => wait_stop_kind(self.pid, t.0, self.policy).map(|s| s.map(Waited::Stopped)),
             };
             match waited {
                 Some(Some(Waited::Frozen)) => {
@@ -291,7 +275,7 @@ impl Drop for Stopped {
             }
             // SAFETY: no pointers.
             if unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0usize, sig as usize) } != 0 {
-                release_unstopped(self.pid, tid);
+                release_unstopped(self.pid, tid, self.policy);
             }
         }
         release_frozen();
@@ -319,9 +303,9 @@ const RELEASE_TRIES: u32 = 20;
 /// frozen once it does. Interrupt it again and detach at the stop; never
 /// wait without a bound, which once hung a test for an hour. A thread that
 /// still will not stop stays seized until this thread of pyprof exits.
-fn release_unstopped(pid: i32, tid: i32) {
+fn release_unstopped(pid: i32, tid: i32, policy: HoldPolicy) {
     for _ in 0..RELEASE_TRIES {
-        match wait_stop(pid, tid) {
+        match wait_stop(pid, tid, policy) {
             Some(Some(sig)) => {
                 // SAFETY: no pointers.
                 unsafe {
@@ -393,22 +377,14 @@ pub fn block_sigchld() {
 /// nothing next to the wait.
 const WAKE_SLICE: Duration = Duration::from_millis(1);
 
-thread_local!(static SHARED_WAITS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
-
-/// Whether other threads of pyprof wait for stops at the same time as this
-/// one (processes snapshotted in parallel): then its sleeps for a SIGCHLD
-/// last at most [`WAKE_SLICE`]. Alone, a thread sleeps to its deadline: the
-/// slices cost a third more CPU per sample at 50 kHz on one process.
-pub fn set_shared_waits(shared: bool) {
-    SHARED_WAITS.with(|s| s.set(shared));
-}
-
 /// Sleep until a SIGCHLD arrives or `until` passes (or [`WAKE_SLICE`] does,
-/// when waits are shared). Sleeping, not polling: on a machine with few
+/// when waits are shared, [`HoldPolicy::shared_waits`]: alone, a thread
+/// sleeps to its deadline, as the slices cost a third more CPU per sample at
+/// 50 kHz on one process). Sleeping, not polling: on a machine with few
 /// CPUs a polling tracer takes the very CPU the target needs to reach its stop.
-fn sleep_for_sigchld(until: Instant) {
+fn sleep_for_sigchld(until: Instant, shared_waits: bool) {
     let mut left = until.saturating_duration_since(Instant::now());
-    if SHARED_WAITS.with(|s| s.get()) {
+    if shared_waits {
         left = left.min(WAKE_SLICE);
     }
     let ts = libc::timespec { tv_sec: left.as_secs() as libc::time_t, tv_nsec: left.subsec_nanos() as libc::c_long };
@@ -423,8 +399,8 @@ fn sleep_for_sigchld(until: Instant) {
 
 /// Wait for `tid`'s stop. Returns the signal to re-inject on release (a
 /// signal that arrived meanwhile), or None if the thread is gone.
-fn wait_stop(pid: i32, tid: i32) -> Option<Option<i32>> {
-    wait_stop_kind(pid, tid).map(|s| s.map(|(pass, _)| pass))
+fn wait_stop(pid: i32, tid: i32, policy: HoldPolicy) -> Option<Option<i32>> {
+    wait_stop_kind(pid, tid, policy).map(|s| s.map(|(pass, _)| pass))
 }
 
 /// [`wait_stop`], and whether the stop reported is a job-control stop (the
@@ -432,15 +408,16 @@ fn wait_stop(pid: i32, tid: i32) -> Option<Option<i32>> {
 /// interrupt with the stop signal, not SIGTRAP, while one is in effect or
 /// on its way, so such a thread was not doing work, even if /proc said
 /// 'R' a moment before (it runs briefly on its way back into the stop).
-fn wait_stop_kind(pid: i32, tid: i32) -> Option<Option<(i32, bool)>> {
-    wait_stop_kind_until(pid, tid, Instant::now() + STOP_TIMEOUT, true)
+fn wait_stop_kind(pid: i32, tid: i32, policy: HoldPolicy) -> Option<Option<(i32, bool)>> {
+    wait_stop_kind_until(pid, tid, Instant::now() + STOP_TIMEOUT, Some(policy))
 }
 
-/// [`wait_stop_kind`] up to `deadline` (one look if it has passed);
-/// `spin`: poll first, if [`set_spin_for_stops`] asks for it.
-fn wait_stop_kind_until(pid: i32, tid: i32, deadline: Instant, spin: bool) -> Option<Option<(i32, bool)>> {
+/// [`wait_stop_kind`] up to `deadline` (one look if it has passed); with a
+/// `policy`, poll first if it asks for it ([`HoldPolicy::spin_for_stops`]).
+fn wait_stop_kind_until(pid: i32, tid: i32, deadline: Instant, policy: Option<HoldPolicy>) -> Option<Option<(i32, bool)>> {
     let start = Instant::now();
-    let spin_until = start + if spin && SPIN_FOR_STOPS.with(|s| s.get()) { SPIN_FOR_STOP } else { Duration::ZERO };
+    let spin = policy.is_some_and(|p| p.spin_for_stops);
+    let spin_until = start + if spin { SPIN_FOR_STOP } else { Duration::ZERO };
     loop {
         let mut status = 0;
         // SAFETY: status is a valid out pointer.
@@ -458,9 +435,7 @@ fn wait_stop_kind_until(pid: i32, tid: i32, deadline: Instant, spin: bool) -> Op
             // Exited or killed while we waited: for the main thread of our own
             // child we have just reaped it, so keep its status for `record`.
             if tid == pid {
-                if let Ok(mut g) = REAPED.lock() {
-                    g.get_or_insert_with(HashMap::new).insert(pid, status);
-                }
+                crate::process::note_reaped(pid, status);
             }
             return None;
         }
@@ -475,7 +450,7 @@ fn wait_stop_kind_until(pid: i32, tid: i32, deadline: Instant, spin: bool) -> Op
             std::hint::spin_loop();
             continue;
         }
-        sleep_for_sigchld(deadline);
+        sleep_for_sigchld(deadline, policy.is_some_and(|p| p.shared_waits));
     }
 }
 
@@ -489,19 +464,20 @@ enum Waited {
 
 /// [`wait_stop_kind`], but looking between sleeps (each at most
 /// [`FREEZE_LOOK`]) whether the thread is off CPU, and then not waiting.
-fn wait_stop_or_freeze(pid: i32, tid: i32, off_cpu: &mut dyn FnMut(i32) -> bool) -> Option<Option<Waited>> {
+fn wait_stop_or_freeze(pid: i32, tid: i32, off_cpu: &mut dyn FnMut(i32) -> bool, policy: HoldPolicy) -> Option<Option<Waited>> {
     let deadline = Instant::now() + STOP_TIMEOUT;
     let mut first = true;
     loop {
         let slice = (Instant::now() + FREEZE_LOOK).min(deadline);
         // The first slice may poll before it sleeps; the others sleep.
-        let r = wait_stop_kind_until(pid, tid, slice, std::mem::take(&mut first))?;
+        let sleep_only = HoldPolicy { spin_for_stops: false, ..policy };
+        let r = wait_stop_kind_until(pid, tid, slice, Some(if std::mem::take(&mut first) { policy } else { sleep_only }))?;
         if let Some(s) = r {
             return Some(Some(Waited::Stopped(s)));
         }
         if off_cpu(tid) {
             // It may have stopped since: then it is held as any other.
-            return Some(Some(match wait_stop_kind_until(pid, tid, Instant::now(), false)? {
+            return Some(Some(match wait_stop_kind_until(pid, tid, Instant::now(), None)? {
                 Some(s) => Waited::Stopped(s),
                 None => Waited::Frozen,
             }));
@@ -521,6 +497,8 @@ fn wait_stop_or_freeze(pid: i32, tid: i32, off_cpu: &mut dyn FnMut(i32) -> bool)
 /// for a CPU back.
 const FREEZE_LOOK: Duration = Duration::from_millis(5);
 
+// Per OS thread, not a value handed down: a tracee belongs to the thread
+// that seized it, and only that thread may wait for it or let it go.
 thread_local! {
     /// Frozen threads let go of before they stopped: (pid, tid), seized
     /// by this thread, each stopped or about to be.
@@ -532,7 +510,7 @@ thread_local! {
 /// by the sampler at each tick.
 pub fn release_frozen() {
     FROZEN.with(|f| {
-        f.borrow_mut().retain(|&(pid, tid)| match wait_stop_kind_until(pid, tid, Instant::now(), false) {
+        f.borrow_mut().retain(|&(pid, tid)| match wait_stop_kind_until(pid, tid, Instant::now(), None) {
             Some(Some((sig, _))) => {
                 // SAFETY: no pointers.
                 unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0usize, sig as usize) };
@@ -549,7 +527,7 @@ pub fn release_frozen() {
 pub fn release_all_frozen() {
     let left: Vec<(i32, i32)> = FROZEN.with(|f| std::mem::take(&mut *f.borrow_mut()));
     for (pid, tid) in left {
-        release_unstopped(pid, tid);
+        release_unstopped(pid, tid, HoldPolicy::default());
     }
 }
 
@@ -565,24 +543,16 @@ fn take_frozen(pid: i32, tid: i32) -> bool {
 }
 
 /// How long a wait for a stop polls before it sleeps, when
-/// [`set_spin_for_stops`] asks for it.
+/// [`HoldPolicy::spin_for_stops`] asks for it. A thread on a CPU stops
+/// within microseconds of its interrupt, and a tracer that sleeps for it
+/// gives up its own CPU; with more busy processes than CPUs, getting one
+/// back took milliseconds, and every process after it in the tick waited
+/// too (16 spinning workers on 2 CPUs: 214-334 of 1,000 Hz, 800-900
+/// polling). Alone, sleeping is cheaper: a tracer that polls stays on its
+/// own CPU, so the target keeps its own and must be stopped at more ticks
+/// (one 3.15 process at 50 kHz: 54,000 stops instead of 35,000, and a
+/// quarter more CPU per sample).
 const SPIN_FOR_STOP: Duration = Duration::from_micros(50);
-
-thread_local!(static SPIN_FOR_STOPS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
-
-/// Whether this thread's waits for a stop poll for [`SPIN_FOR_STOP`]
-/// before they sleep: when it snapshots several processes one after
-/// another. A thread on a CPU stops within microseconds of its interrupt,
-/// and a tracer that sleeps for it gives up its own CPU; with more busy
-/// processes than CPUs, getting one back took milliseconds, and every
-/// process after it in the tick waited too (16 spinning workers on 2 CPUs:
-/// 214-334 of 1,000 Hz, 800-900 polling). Alone, sleeping is cheaper: a
-/// tracer that polls stays on its own CPU, so the target keeps its own and
-/// must be stopped at more ticks (one 3.15 process at 50 kHz: 54,000 stops
-/// instead of 35,000, and a quarter more CPU per sample).
-pub fn set_spin_for_stops(spin: bool) {
-    SPIN_FOR_STOPS.with(|s| s.set(spin));
-}
 
 /// Whether held thread `tid` stopped inside a system call that will be
 /// restarted, or its next instruction enters one (`syscall`, `sysenter`,
@@ -621,14 +591,6 @@ fn user_regs(tid: i32) -> Option<libc::user_regs_struct> {
 
 fn get_regs(tid: i32) -> Option<Regs> {
     user_regs(tid).map(|r| Regs { ip: r.rip, sp: r.rsp, bp: r.rbp })
-}
-
-/// Stop every listed thread of `pid` and read their registers. Threads that
-/// exit meanwhile are skipped; one we may not trace fails the whole call.
-pub fn stop_threads(pid: i32, tids: &[i32]) -> Result<Stopped> {
-    let mut stopped = Stopped::none(pid);
-    stopped.add(tids, true)?;
-    Ok(stopped)
 }
 
 #[cfg(test)]
@@ -678,7 +640,7 @@ mod tests {
         // then: a child that stopped had it lent, and is tried again.
         let mut tries = 0;
         let stopped = loop {
-            let mut stopped = Stopped::none(pid);
+            let mut stopped = Stopped::none(pid, HoldPolicy::default());
             stopped.add_or_freeze(&[pid], &mut |_| true).unwrap();
             tries += 1;
             if !stopped.holds(pid) || tries == 5 {
@@ -713,7 +675,7 @@ mod tests {
         let _cpu = crate::process::cpu_hog::one_at_a_time();
         let child = Busy::on(last_cpu());
         let pid = child.pid();
-        let mut stopped = Stopped::none(pid);
+        let mut stopped = Stopped::none(pid, HoldPolicy::default());
         stopped.add(&[pid], true).unwrap();
         assert!(stopped.holds(pid));
         let before = stopped.regs(pid).expect("registers at the stop");

@@ -22,147 +22,29 @@
 //!   machine instruction at a time, until the update is complete: the
 //!   instant moves by nanoseconds (counted, as `stepped`).
 //!
-//! `--nonblocking` never stops a thread: each tick is one read while the
-//! target runs, and a thread whose stack moved under it is recorded as torn
-//! (no frames), not read again.
+//! A holder on no CPU (preempted, or blocked holding the GIL) is not
+//! stopped: the kernel's context-switch records (`process::occupancy`, `process::run_states`) prove
+//! it off CPU from before the read to after its last `process_vm_readv`.
 
 use std::time::Duration;
 
+use super::ptrace::{STOP_TIMEOUT, Stopped};
+use super::steps::Steps;
+use super::{AcquireCounts, Acquirer, HoldPolicy, Taken, WhileHeld};
 use crate::attach::Attached;
 use crate::error::Result;
 use crate::process::memory::RemoteMemory;
-use crate::process::ptrace::{STOP_TIMEOUT, Stopped};
 use crate::python::gil::{GilState, GilWords, gil_words, read_gils};
 use crate::python::snapshot::{Check, SnapshotNeeds, Snapshotter, Source};
 use crate::stack::ThreadStack;
-
-/// How a snapshot's instant is made one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Sampling {
-    /// Stop the GIL holder for the read (the default).
-    #[default]
-    Exact,
-    /// Never stop anything; a stack that moves while read is recorded as torn.
-    Nonblocking,
-}
-
-/// How the snapshots were obtained (per snapshot, i.e. per tick and process).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct AcquireStats {
-    /// Read while the GIL holder was held stopped.
-    pub stopped: u64,
-    /// Read while the target ran and no thread held the GIL.
-    pub gil_free: u64,
-    /// Of those, read again because the GIL changed hands under the first
-    /// read: their instant is a few microseconds later than the tick's.
-    pub moved: u64,
-    /// Of the stopped ones, read again after stepping the held thread a few
-    /// instructions out of a half-done frame update.
-    pub stepped: u64,
-    /// `--nonblocking`: read while the target ran, whatever it did.
-    pub lock_free: u64,
-    /// Of the stopped ones, those whose blocked threads were read just
-    /// before the stop, proven unchanged through it ([`Freezer::read_ahead`]).
-    pub read_ahead: u64,
-    /// Read with the GIL holder not stopped: it was on no CPU from before
-    /// the read to after it, as its context-switch records prove.
-    pub off_cpu: u64,
-    /// Reads whose unstopped holder got a CPU meanwhile (or was caught
-    /// halfway through a frame update): read again with it stopped.
-    pub ran: u64,
-    /// Thread stacks that moved while read (`--nonblocking` only).
-    pub torn: u64,
-    /// Snapshots put off to a later tick: a holder halfway through a frame
-    /// update waited for a CPU to step on or to stop (see [`Freezer::may_defer`]).
-    pub deferred: u64,
-    /// Time the target had a thread held stopped, in total and at most.
-    pub pause: Duration,
-    pub pause_max: Duration,
-}
-
-impl AcquireStats {
-    pub fn add(&mut self, o: &AcquireStats) {
-        self.stopped += o.stopped;
-        self.gil_free += o.gil_free;
-        self.moved += o.moved;
-        self.stepped += o.stepped;
-        self.lock_free += o.lock_free;
-        self.read_ahead += o.read_ahead;
-        self.off_cpu += o.off_cpu;
-        self.ran += o.ran;
-        self.torn += o.torn;
-        self.deferred += o.deferred;
-        self.pause += o.pause;
-        self.pause_max = self.pause_max.max(o.pause_max);
-    }
-}
 
 /// Rounds of "the GIL moved: stop its new holder too" before every thread
 /// of the process is stopped instead.
 const MAX_ROUNDS: usize = 3;
 
-/// Instructions a held thread is stepped at most, in doubling bursts, to
-/// finish a half-done frame update (a push is a few dozen).
-const MAX_STEPS: u32 = 1024;
-
-/// Stepping held threads out of half-done frame updates (see the module
-/// header), in doubling bursts.
+/// The exact acquirer (see the module header).
 #[derive(Default)]
-pub struct Steps {
-    /// Instructions stepped so far.
-    pub taken: u32,
-}
-
-/// Held (or frozen) threads whose stacks could not be walked in `threads`.
-fn half_done(stopped: &Stopped, threads: &[ThreadStack]) -> Vec<i32> {
-    threads.iter().filter(|t| t.torn).filter_map(|t| t.native_id).map(|n| n as i32).filter(|&t| stopped.holds_or_freezes(t)).collect()
-}
-
-impl Steps {
-    /// Step every held thread whose stack could not be walked in `threads`
-    /// by the next burst of instructions. False when there is none, the
-    /// budget is spent, or a thread would not stop again: then `threads`
-    /// stands as it is.
-    /// As [`Steps::step_half_done`], one instruction, without waiting for
-    /// it: true when every half-done thread is frozen (its stop pending) or
-    /// set stepping, to be looked at later.
-    pub fn start_half_done(&mut self, stopped: &mut Stopped, threads: &[ThreadStack]) -> bool {
-        if self.taken >= MAX_STEPS {
-            return false;
-        }
-        let half_done = half_done(stopped, threads);
-        if half_done.is_empty() {
-            return false;
-        }
-        for &t in &half_done {
-            // A frozen one is stepped once it has stopped.
-            if !stopped.is_frozen(t) {
-                if !stopped.start_step(t) {
-                    return false;
-                }
-                self.taken += 1;
-            }
-        }
-        true
-    }
-
-    pub fn step_half_done(&mut self, stopped: &mut Stopped, threads: &[ThreadStack]) -> bool {
-        let burst = self.taken.max(1);
-        if self.taken >= MAX_STEPS {
-            return false;
-        }
-        let half_done = half_done(stopped, threads);
-        if half_done.is_empty() || !half_done.iter().all(|&t| stopped.step(t, burst)) {
-            return false;
-        }
-        self.taken += burst;
-        true
-    }
-}
-
-#[derive(Default)]
-pub struct Freezer {
-    pub sampling: Sampling,
+pub struct Exact {
     words: Vec<GilWords>,
     gils: Vec<GilState>,
     ranges: Vec<(u64, usize)>,
@@ -193,27 +75,14 @@ pub struct Freezer {
     /// read, proven unchanged through that read: while the GIL still says
     /// the same, only that holder can have run Python since.
     proof: Option<(u64, u64)>,
-    pub stats: AcquireStats,
-    /// Whether a snapshot may be put off to a later tick: the caller's
-    /// thread, the holders' tracer, is the one that takes the next tick.
-    /// For a holder held halfway through a frame update, which must be
-    /// stepped an instruction or a few to be read: a step needs a CPU, and
-    /// so does a frozen holder's stop (on no CPU, its stop pending). Most
-    /// steps stop again within microseconds, on the CPU the thread just
-    /// left; but on a busy machine a thread let go of its CPU waits its
-    /// turn for another, tens of milliseconds that the tick would wait for
-    /// every process sampled (16 workers pinned to one CPU: 60 ms a few
-    /// times a second). So a step that has not stopped within [`STEP_LOOK`]
-    /// (or a frozen holder's stop) is left to come; at each tick after, it
-    /// is looked at without waiting, and once it has stopped the snapshot
-    /// is read (stepped on if need be) and counts for the tick it was taken
-    /// at. The ticks in between take no sample of this process: it stands
-    /// held in that state, and counting it there would count the hold.
-    pub may_defer: bool,
+    /// This snapshot's counts so far, returned with it.
+    counts: AcquireCounts,
+    /// What the caller allows this snapshot (see [`HoldPolicy`]).
+    policy: HoldPolicy,
     pending: Option<Pending>,
 }
 
-/// A snapshot put off (see [`Freezer::may_defer`]).
+/// A snapshot put off (see [`HoldPolicy::may_defer`]).
 struct Pending {
     /// Its threads, held or on their way to a stop.
     held: Stopped,
@@ -231,22 +100,54 @@ const STEP_LOOK: Duration = Duration::from_millis(1);
 /// process's profile should not go empty).
 const MAX_DEFER: Duration = Duration::from_millis(100);
 
-impl Freezer {
-    pub fn new(sampling: Sampling) -> Freezer {
-        Freezer { sampling, ..Freezer::default() }
+impl Acquirer for Exact {
+    /// One snapshot of every thread, at one instant (see the module header).
+    ///
+    /// With [`HoldPolicy::may_defer`], a holder held halfway through a
+    /// frame update, which must be stepped an instruction or a few to be
+    /// read, may be finished at a later tick: a step needs a CPU, and so
+    /// does a frozen holder's stop (on no CPU, its stop pending). Most steps
+    /// stop again within microseconds, on the CPU the thread just left; but
+    /// on a busy machine a thread let go of its CPU waits its turn for
+    /// another, tens of milliseconds that the tick would wait for every
+    /// process sampled (16 workers pinned to one CPU: 60 ms a few times a
+    /// second). So a step that has not stopped within [`STEP_LOOK`] (or a
+    /// frozen holder's stop) is left to come; at each tick after, it is
+    /// looked at without waiting, and once it has stopped the snapshot is
+    /// read (stepped on if need be) and counts for the tick it was taken at.
+    /// The ticks in between take no sample of this process: it stands held
+    /// in that state, and counting it there would count the hold.
+    fn take(&mut self, a: &Attached, python: &mut Snapshotter, needs: SnapshotNeeds, policy: HoldPolicy, _: Option<WhileHeld>) -> Result<Taken> {
+        self.policy = policy;
+        let r = self.snapshot(a, python, needs);
+        let counts = std::mem::take(&mut self.counts);
+        r.map(|threads| Taken { threads, counts })
     }
 
-    /// One snapshot of every thread, at one instant (see the module header).
-    pub fn snapshot(&mut self, a: &Attached, python: &mut Snapshotter, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
+    fn has_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// A snapshot put off is dropped: its frozen threads are let go once they stop.
+    fn cancel_pending(&mut self) {
+        self.pending = None;
+    }
+
+    /// Without context-switch records (or before a process's own records
+    /// are open, `cold`), the GIL holder is stopped wherever it is, and a
+    /// stop of a holder on no CPU waits for it to get one. With them, only a
+    /// holder on a CPU is stopped, which stops at once.
+    fn waits_for_cpus(&self, a: &Attached, cold: bool) -> bool {
+        let target = &a.target;
+        (cold && !target.proves_holders_from_the_start()) || !target.follows_holders()
+    }
+}
+
+impl Exact {
+    fn snapshot(&mut self, a: &Attached, python: &mut Snapshotter, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
         let src = Source { mem: &a.mem, interp: &a.interp, target: Some(&a.target) };
-        if self.sampling == Sampling::Nonblocking {
-            let threads = python.snapshot(src, needs, Check::LOCK_FREE)?;
-            self.stats.lock_free += 1;
-            self.stats.torn += threads.iter().filter(|t| t.torn).count() as u64;
-            return Ok(threads);
-        }
         if let Some(mut p) = self.pending.take() {
-            let defer = self.may_defer && p.since.elapsed() < MAX_DEFER;
+            let defer = self.policy.may_defer && p.since.elapsed() < MAX_DEFER;
             if !p.held.settle_frozen(if defer { Duration::ZERO } else { STOP_TIMEOUT }) && defer {
                 self.pending = Some(p);
                 return Ok(Vec::new());
@@ -273,12 +174,12 @@ impl Freezer {
             let quiet = self.quiet();
             let threads = python.snapshot(src, needs, Check { frozen: false, fixed: &self.fixed, quiet })?;
             if python.fixed_held() && !threads.iter().any(|t| t.torn) {
-                self.stats.gil_free += 1;
+                self.counts.gil_free += 1;
                 self.proof = self.proof_now();
                 return Ok(threads);
             }
             python.recycle(threads);
-            self.stats.moved += 1;
+            self.counts.moved += 1;
             self.read_gils(a, python)?;
         }
         self.stopped_snapshot(a, python, needs, false, None)
@@ -300,7 +201,7 @@ impl Freezer {
         let threads = python.snapshot(src, needs, Check { frozen: false, fixed: &self.fixed, quiet: None })?;
         if python.fixed_held() {
             self.proof = self.proof_now();
-            self.stats.read_ahead += 1;
+            self.counts.read_ahead += 1;
         }
         python.recycle(threads);
         Ok(())
@@ -350,17 +251,8 @@ impl Freezer {
     /// Stop each GIL's last holder, read, and check no other thread took a
     /// GIL meanwhile; if one did, stop it too and read again. `guessed`:
     /// the GIL words are the last tick's, not read before this stop.
-    pub fn has_pending(&self) -> bool {
-        self.pending.is_some()
-    }
-
-    /// Drop a snapshot put off: its frozen threads are let go once they stop.
-    pub fn cancel_pending(&mut self) {
-        self.pending = None;
-    }
-
     /// `resumed`: a snapshot put off, whose threads are held still (see
-    /// [`Freezer::may_defer`]).
+    /// [`HoldPolicy::may_defer`]).
     fn stopped_snapshot(
         &mut self,
         a: &Attached,
@@ -373,7 +265,7 @@ impl Freezer {
         let src = Source { mem: &a.mem, interp: &a.interp, target: Some(&a.target) };
         let (mut stopped, steps_before, resumed_at) = match resumed {
             Some(p) => (p.held, p.steps, Some(p.since)),
-            None => (Stopped::none(pid), 0, None),
+            None => (Stopped::none(pid, self.policy), 0, None),
         };
         self.running.clear();
         self.idle.clear();
@@ -501,7 +393,7 @@ impl Freezer {
                 }
                 let must = &self.must_stop;
                 self.unheld.retain(|u| !must.contains(&u.0));
-                self.stats.ran += u64::from(ran);
+                self.counts.ran += u64::from(ran);
             }
             let ids = python.thread_ids();
             let words_held = python.fixed_held();
@@ -523,10 +415,10 @@ impl Freezer {
             }
             let mut steps = Steps { taken: steps_before };
             let in_time = resumed_at.is_none_or(|t| t.elapsed() < MAX_DEFER);
-            if ok && self.may_defer && !needs.on_cpu && self.gils.len() == 1 && in_time && steps.start_half_done(&mut stopped, &threads) {
+            if ok && self.policy.may_defer && !needs.on_cpu && self.gils.len() == 1 && in_time && steps.start_half_done(&mut stopped, &threads) {
                 if !stopped.settle_frozen(STEP_LOOK) {
                     python.discard(threads);
-                    self.stats.deferred += u64::from(steps_before == 0 && resumed_at.is_none());
+                    self.counts.deferred += u64::from(steps_before == 0 && resumed_at.is_none());
                     self.proof = None;
                     let since = resumed_at.unwrap_or_else(std::time::Instant::now);
                     self.pending = Some(Pending { held: stopped, since, steps: steps.taken });
@@ -541,7 +433,7 @@ impl Freezer {
                 threads = python.stacks(src, needs, Check { frozen: true, fixed: &self.fixed, quiet })?;
                 ok = python.fixed_held();
             }
-            self.stats.stepped += u64::from(steps.taken > 0);
+            self.counts.stepped += u64::from(steps.taken > 0);
             if ok {
                 let held = stopped.held();
                 // Whether each held thread was on a CPU, said before it is let go.
@@ -568,13 +460,13 @@ impl Freezer {
                     }
                 }
                 if none_held && !self.unheld.is_empty() {
-                    self.stats.off_cpu += 1;
+                    self.counts.off_cpu += 1;
                 } else {
-                    self.stats.stopped += 1;
+                    self.counts.stopped += 1;
                 }
                 self.proof = proof;
-                self.stats.pause += held;
-                self.stats.pause_max = self.stats.pause_max.max(held);
+                self.counts.pause += held;
+                self.counts.pause_max = self.counts.pause_max.max(held);
                 // Next tick may skip reading the GIL first if this one held
                 // it and is the only Python thread (the GIL words read
                 // here, or checked unchanged, say it is held). Thread states,
@@ -584,7 +476,7 @@ impl Freezer {
                 return Ok(threads);
             }
             python.discard(std::mem::take(&mut threads));
-            self.stats.moved += u64::from(round == 0 && !ran);
+            self.counts.moved += u64::from(round == 0 && !ran);
             // A holder that only got a CPU: the GIL words were just read
             // unchanged (at the end of the read), and the next round checks
             // them again after its stopped read, so they need no read here.

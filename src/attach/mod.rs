@@ -3,31 +3,18 @@
 //! through `/proc/PID/root`, `_PyRuntime`, the exact version, and validated
 //! [`Offsets`].
 
+pub mod asyncio;
+
 use crate::binary::elf::ElfFile;
 use crate::binary::runtime::{self, Method};
 use crate::binary::version::PythonVersion;
 use crate::error::{Error, Result};
-use crate::offsets::{CodeCounter as CounterRule, Offsets, debug, table};
+use crate::offsets::{debug, table};
 use crate::process::maps::{Mapping, plausible_data_ptr, read_maps};
 use crate::process::memory::{RemoteMemory, VmReader};
 use crate::process::{Target, file_name};
+use crate::python::interpreter::{Interpreter, offsets_for};
 use crate::python::threads;
-
-#[derive(Debug, Clone, Default)]
-pub struct AttachOptions {
-    /// Use only this way of finding `_PyRuntime` (tests prove each on its own).
-    pub runtime_method: Option<Method>,
-    /// `--native`: merge C frames into every stack.
-    pub native: Option<crate::native::NativeOptions>,
-    /// Whether a snapshot may hold the GIL holder still (`freeze`).
-    pub sampling: crate::freeze::Sampling,
-    /// `--async`: stacks as asyncio tasks see them.
-    pub asyncio: Option<crate::python::asyncio::AsyncMode>,
-    /// `--thread`, `--main-thread`: the threads to sample.
-    pub threads: crate::thread_filter::ThreadFilter,
-    /// What snapshots read besides the stacks: `<GC>` frames, exception state.
-    pub extras: crate::python::snapshot::Extras,
-}
 
 pub struct Attached {
     pub target: Target,
@@ -37,80 +24,6 @@ pub struct Attached {
     /// Path (as the target sees it) of the module holding `_PyRuntime`.
     pub module: String,
     pub interp: Interpreter,
-}
-
-/// What a snapshot needs to know about the interpreter, found once: plain
-/// data, so a snapshot of recorded memory can be given it too.
-#[derive(Debug, Clone)]
-pub struct Interpreter {
-    pub offsets: Offsets,
-    /// avma of `_PyRuntime`.
-    pub runtime: u64,
-    /// The interpreter module's segments in memory: objects there are static.
-    pub image: Vec<(u64, u64)>,
-    /// 3.12: `_Py_next_func_version`, the global each new code object takes
-    /// its `co_version` from (a hidden symbol: found only where the symbol
-    /// table was kept, as in pyenv's builds).
-    pub code_version_global: Option<u64>,
-}
-
-/// A counter whose value, unchanged, proves that no code object took a
-/// freed one's address since it was last read (see `python::code`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CodeCounter {
-    /// 3.14+: code objects freed, from the target's `_Py_DebugOffsets`.
-    Freed(u64),
-    /// 3.12–3.13: the next `co_version`, from our offsets or a symbol:
-    /// checked against the objects' own versions before it is trusted.
-    Created(u64),
-}
-
-impl CodeCounter {
-    pub fn addr(self) -> u64 {
-        match self {
-            CodeCounter::Freed(a) | CodeCounter::Created(a) => a,
-        }
-    }
-}
-
-/// The offsets of `version` whose `_PyRuntime` is at `runtime`: its file,
-/// and for 3.13+ the target's own `_Py_DebugOffsets` read from `mem`.
-fn offsets_for(mem: &dyn RemoteMemory, file: &table::VersionFile, version: &PythonVersion, runtime: u64) -> Result<Offsets> {
-    let fields = if file.debug_fields.is_some() { debug::load(mem, runtime, file, version)? } else { file.fields.clone() };
-    Offsets::build(version.clone(), file.layout, file.rules.clone(), &fields, file.constants.clone(), file.provenance.clone())
-}
-
-impl Interpreter {
-    /// The interpreter of a process that is no longer there, from memory
-    /// recorded while it ran (`process::replay`): the facts attach found,
-    /// and the offsets built again the way attach builds them.
-    pub fn from_memory(
-        mem: &dyn RemoteMemory,
-        version: &PythonVersion,
-        runtime: u64,
-        image: Vec<(u64, u64)>,
-        code_version_global: Option<u64>,
-    ) -> Result<Interpreter> {
-        let file = match table::for_minor(version.minor) {
-            Some(f) if version.major == 3 => f.map_err(|why| Error::BadOffsets { version: version.to_string(), why })?,
-            _ => return Err(Error::UnsupportedVersion { pid: 0, version: version.to_string() }),
-        };
-        let offsets = offsets_for(mem, &file, version, runtime)?;
-        Ok(Interpreter { offsets, runtime, image, code_version_global })
-    }
-
-    /// The counter word for interpreter `interp`, if the version has one.
-    pub fn code_counter(&self, interp: u64) -> Option<CodeCounter> {
-        let i = &self.offsets.interp;
-        match self.offsets.rules.code_counter {
-            CounterRule::None => None,
-            CounterRule::Frees => i.code_object_generation.map(|off| CodeCounter::Freed(interp + off)),
-            // 3.13 keeps it per interpreter, 3.12 in a global found by symbol.
-            CounterRule::Versions => {
-                i.code_version_counter.map(|off| CodeCounter::Created(interp + off)).or(self.code_version_global.map(CodeCounter::Created))
-            }
-        }
-    }
 }
 
 /// Mapped files that may hold the interpreter, libpython first: when both
@@ -135,7 +48,9 @@ fn candidate_modules(target: &Target, maps: &[Mapping]) -> Vec<String> {
     libs
 }
 
-pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Attached> {
+/// `runtime_method`: use only this way of finding `_PyRuntime` (tests
+/// prove each on its own).
+pub fn attach(pid: i32, runtime_method: Option<Method>) -> Result<Attached> {
     let target = Target::attach(pid)?;
     let maps = read_maps(pid)?;
     let mem = VmReader::new(pid);
@@ -148,7 +63,7 @@ pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Attached> {
     }
     let mut why = Vec::new();
     for module in candidate_modules(&target, &maps) {
-        match attach_module(&target, &mem, &maps, &module, opts) {
+        match attach_module(&target, &mem, &maps, &module, runtime_method) {
             Ok((interp, method)) => {
                 return Ok(Attached { target, mem, maps, method, module, interp });
             }
@@ -170,12 +85,12 @@ pub fn attach(pid: i32, opts: &AttachOptions) -> Result<Attached> {
 }
 
 /// The interpreter in `module`, and how its `_PyRuntime` was found.
-fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str, opts: &AttachOptions) -> Result<(Interpreter, Method)> {
+fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str, runtime_method: Option<Method>) -> Result<(Interpreter, Method)> {
     let pid = target.pid;
     let elf = ElfFile::open(&target.host_path(module))?;
     let own: Vec<&Mapping> = maps.iter().filter(|m| m.path.as_deref() == Some(module)).collect();
     let bias = elf.load_bias(&own).ok_or_else(|| Error::Binary { path: module.into(), why: "cannot work out load address".into() })?;
-    let allowed = |m: Method| opts.runtime_method.is_none_or(|f| f == m);
+    let allowed = |m: Method| runtime_method.is_none_or(|f| f == m);
 
     let mut found: Option<(u64, Method)> = None;
     if allowed(Method::Section) {
@@ -231,7 +146,7 @@ fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str
     }
     let (rt, method) = found.ok_or_else(|| Error::RuntimeNotFound {
         pid,
-        why: match opts.runtime_method {
+        why: match runtime_method {
             Some(m) => format!("method {m} found nothing in {module}"),
             None => format!("no .PyRuntime section, no _PyRuntime symbol, and the data scan of {module} found no interpreter"),
         },
