@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::process::monotonic_ns;
+use crate::profile::model::KernelSampling;
 use crate::sampler::{Mode, Progress, STOP, Sample, SamplerStats, SamplingConfig, Sink, StopReason};
 use crate::session::Session;
 use crate::stack::Frame;
@@ -19,29 +20,11 @@ use super::loader::{KernelSampler, ProgramCost};
 use super::record::{FLAG_FAULT, FLAG_NO_TSTATE, FLAG_TRUNCATED, FLAG_WORD_FAULT, HEADER_LEN, Header};
 use super::target::KernelTarget;
 
-/// What the kernel sampler saw, for `meta.sampling` and the summary.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// What the kernel sampler saw (the counts `meta.sampling.kernel` keeps)
+/// and what its program cost.
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct KernelStats {
-    /// Records received from the capture program.
-    pub records: u64,
-    /// Records of a thread the tid map did not know yet (not counted as
-    /// samples; the map is read again at once).
-    pub unknown_thread: u64,
-    /// Innermost frame caught halfway through its push: counted for its caller.
-    pub mid_push: u64,
-    /// Neither the stack nor its caller's read whole: not counted.
-    pub torn: u64,
-    /// Chains cut by a page not resident at the interrupt (marked `[truncated]`).
-    pub faults: u64,
-    /// Chains deeper than the bound (marked `[truncated]`).
-    pub truncated: u64,
-    /// Records lost to a full ring buffer.
-    pub lost: u64,
-    /// `--mode gil`: records whose GIL words could not be read.
-    pub gil_unknown: u64,
-    /// Records older than their processing (the oldest, in µs): how far the
-    /// reader lags the interrupts.
-    pub max_lag_us: u64,
+    pub counts: KernelSampling,
     pub program: ProgramCost,
 }
 
@@ -87,20 +70,20 @@ pub fn run(
         let now_ns = monotonic_ns();
         k.drain(|rec| {
             let Some(h) = Header::parse(rec) else { return };
-            ks.records += 1;
+            ks.counts.records += 1;
             let Some(p) = procs.get_mut(&h.pid) else { return };
-            ks.max_lag_us = ks.max_lag_us.max(now_ns.saturating_sub(h.time_ns) / 1000);
+            ks.counts.max_lag_us = ks.counts.max_lag_us.max(now_ns.saturating_sub(h.time_ns) / 1000);
             if h.flags & FLAG_NO_TSTATE != 0 {
-                ks.unknown_thread += 1;
+                ks.counts.unknown_thread += 1;
                 p.target.note_unknown();
                 return;
             }
-            ks.faults += u64::from(h.flags & FLAG_FAULT != 0);
-            ks.truncated += u64::from(h.flags & FLAG_TRUNCATED != 0);
+            ks.counts.faults += u64::from(h.flags & FLAG_FAULT != 0);
+            ks.counts.truncated += u64::from(h.flags & FLAG_TRUNCATED != 0);
             let gil = holds_gil(&h, p.locked_shift);
             if cfg.mode == Mode::Gil {
                 if h.flags & FLAG_WORD_FAULT != 0 {
-                    ks.gil_unknown += 1;
+                    ks.counts.gil_unknown += 1;
                     return;
                 }
                 if !gil {
@@ -110,9 +93,9 @@ pub fn run(
             let a = p.session.attached();
             match p.target.converter.stack(&h, &rec[HEADER_LEN..], &a.mem, &mut frames) {
                 Ok(Outcome::Stack) => {}
-                Ok(Outcome::MidPush) => ks.mid_push += 1,
+                Ok(Outcome::MidPush) => ks.counts.mid_push += 1,
                 Ok(Outcome::Torn) => {
-                    ks.torn += 1;
+                    ks.counts.torn += 1;
                     return;
                 }
                 Err(_) => {
@@ -176,7 +159,9 @@ pub fn run(
         p.target.forget(k);
     }
     ks.program = k.cost();
-    ks.lost = ks.program.lost;
+    ks.counts.lost = ks.program.lost;
+    ks.counts.program_ns = ks.program.run_time.as_nanos() as u64;
+    ks.counts.program_runs = ks.program.runs;
     stats.elapsed = start.elapsed();
     stats.ticks = per_thread.values().copied().max().unwrap_or(0);
     stats.syscalls = sessions.iter().map(|s| s.attached().mem.syscalls()).sum();
@@ -186,7 +171,7 @@ pub fn run(
 impl KernelStats {
     /// One line for the summary: what the kernel sampler did and cost.
     pub fn describe(&self, stats: &SamplerStats) -> String {
-        let p = &self.program;
+        let (p, c) = (&self.program, &self.counts);
         let per = if p.runs > 0 { format!("{:.2} µs", p.run_time.as_secs_f64() * 1e6 / p.runs as f64) } else { "unknown".into() };
         format!(
             "sampling: kernel (eBPF at the interrupt, nothing stopped); BPF program {:.1} ms CPU in {} runs on all CPUs ({per} per run, {} on a target) over {:.2} s; {} records, {} of threads not mapped yet, {} mid-push counted for the caller, {} torn, {} cut by a fault, {} deeper than the bound, {} lost",
@@ -194,13 +179,13 @@ impl KernelStats {
             p.runs,
             p.hits,
             stats.elapsed.as_secs_f64(),
-            self.records,
-            self.unknown_thread,
-            self.mid_push,
-            self.torn,
-            self.faults,
-            self.truncated,
-            self.lost,
+            c.records,
+            c.unknown_thread,
+            c.mid_push,
+            c.torn,
+            c.faults,
+            c.truncated,
+            c.lost,
         )
     }
 }
@@ -210,18 +195,7 @@ pub fn acquisition(k: &KernelStats, stats: &SamplerStats) -> crate::profile::mod
     crate::profile::model::Acquisition {
         method: "kernel".into(),
         bytes_read: stats.cost.bytes_read,
-        kernel: Some(crate::profile::model::KernelSampling {
-            records: k.records,
-            unknown_thread: k.unknown_thread,
-            mid_push: k.mid_push,
-            torn: k.torn,
-            faults: k.faults,
-            truncated: k.truncated,
-            lost: k.lost,
-            program_ns: k.program.run_time.as_nanos() as u64,
-            program_runs: k.program.runs,
-            max_lag_us: k.max_lag_us,
-        }),
+        kernel: Some(k.counts.clone()),
         ..Default::default()
     }
 }

@@ -168,6 +168,9 @@ pub struct KernelSampling {
     pub program_runs: u64,
     /// The longest a record waited in the ring before it was read, µs.
     pub max_lag_us: u64,
+    /// `--mode gil`: records whose GIL words could not be read (not counted).
+    #[serde(default)]
+    pub gil_unknown: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
