@@ -51,6 +51,9 @@ done
 
 # 2. Debian's static python3.11, and tools the tests use.
 apt_install python3.11 debootstrap chromium golang-go libc6-dbg strace tmux gdb
+# The kernel sampler's BPF program (scripts/build-bpf.sh; its test checks the
+# committed object against the source) and setpriv for its fallback test.
+apt_install clang llvm libbpf-dev util-linux
 
 # 3. Debian sid chroot with 3.13-3.15. Built aside and renamed, so an
 #    interrupted run never leaves a half chroot that looks complete.

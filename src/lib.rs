@@ -26,6 +26,7 @@ pub mod dump;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod kernel;
 pub mod native;
 pub mod offsets;
 pub mod output;
