@@ -316,16 +316,22 @@ class Profiler:
 class PyProf(Profiler):
     exe = PYPROF   # replaced by a private copy for the run (see snapshot_pyprof)
 
-    def __init__(self, native=False, nonblocking=False):
-        self.native, self.nonblocking = native, nonblocking
-        self.name = "pyprof --native" if native else "pyprof --nonblocking" if nonblocking else "pyprof"
+    def __init__(self, native=False, nonblocking=False, kernel=False):
+        self.native, self.nonblocking, self.kernel = native, nonblocking, kernel
+        self.name = ("pyprof --native" if native else "pyprof --nonblocking" if nonblocking
+                     else "pyprof --sampler kernel" if kernel else "pyprof")
 
     def command(self, target, rate, secs, out):
         # -v: the diagnostics after the summary report reads per tick and,
         # with --native, how many stacks were merged.
         cmd = [PyProf.exe, "record", "-v", "--pid", str(target.pid), "-r", str(rate), "-d", str(secs),
                "-o", out["host"] + ".json"]
-        return cmd + (["--native"] if self.native else []) + (["--nonblocking"] if self.nonblocking else [])
+        # The kernel sampler (eBPF at the interrupt) samples on-CPU threads:
+        # --mode cpu, which for the spinning targets here is every sample.
+        # Its program's CPU time is charged to the interrupted thread, the
+        # target, so it shows in the slowdown column, not in pyprof's CPU.
+        kernel = ["--sampler", "kernel", "--mode", "cpu"] if self.kernel else ["--sampler", "ptrace"]
+        return cmd + kernel + (["--native"] if self.native else []) + (["--nonblocking"] if self.nonblocking else [])
 
     def parse(self, out, run):
         with open(out["host"] + ".json") as f:
@@ -1532,7 +1538,7 @@ def matrix(args, tmp):
             profs.append(PySpy(blocking=True, native=True))
     for name in ([] if args.native else args.profilers.split(",")):
         if name == "pyprof":
-            profs += [PyProf(), PyProf(nonblocking=True)]
+            profs += [PyProf(), PyProf(nonblocking=True), PyProf(kernel=True)]
         elif name == "py-spy":
             if os.path.exists(os.path.join(TOOLS, "py-spy")):
                 profs += [PySpy(blocking=False), PySpy(blocking=True)]

@@ -10,6 +10,7 @@
 #   - CPython test suites for Debian's interpreters (libpython3.X-testsuite)
 #   - py-spy and austin in a venv, as oracles and benchmark peers
 #   - libc6-dbg (names for libc's internal functions in --native stacks)
+#   - gdb (its gcore writes the core files `dump --core` tests read)
 #   - numpy in a venv of pyenv 3.12 (a real C extension for --native tests)
 #   - maturin in a venv, to build the wheel (scripts/build-wheel.sh; tests/wheel.rs)
 #   - opentelemetry-proto in a venv, whose own classes read what the agent's
@@ -49,7 +50,10 @@ for v in 2.7 3.7 3.8 3.9 3.10 3.11 3.12 3.13; do
 done
 
 # 2. Debian's static python3.11, and tools the tests use.
-apt_install python3.11 debootstrap chromium golang-go libc6-dbg strace tmux
+apt_install python3.11 debootstrap chromium golang-go libc6-dbg strace tmux gdb
+# The kernel sampler's BPF program (scripts/build-bpf.sh; its test checks the
+# committed object against the source) and setpriv for its fallback test.
+apt_install clang llvm libbpf-dev util-linux
 
 # 3. Debian sid chroot with 3.13-3.15. Built aside and renamed, so an
 #    interrupted run never leaves a half chroot that looks complete.

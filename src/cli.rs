@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::binary::runtime::Method;
+use crate::kernel::choose::SamplerChoice;
 use crate::output::{Format, Paths, View};
 use crate::profile::aggregate::AggregateOptions;
 use crate::python::asyncio::AsyncMode;
@@ -96,6 +97,15 @@ pub struct AttachArgs {
     /// the cyclic garbage collector runs on.
     #[arg(long)]
     pub no_gc: bool,
+}
+
+/// `--sampler`, as clap sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SamplerArg {
+    Auto,
+    Kernel,
+    Ptrace,
+    Nonblocking,
 }
 
 /// `--async`, as clap sees it.
@@ -267,6 +277,13 @@ pub struct RecordArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
+    /// How stacks are taken. kernel: copied by an eBPF program at the
+    /// sampling interrupt, nothing stopped (root or CAP_BPF+CAP_PERFMON;
+    /// --mode cpu and gil); ptrace: the GIL holder stopped for each read;
+    /// nonblocking: as --nonblocking; auto: kernel where it can, else ptrace.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub sampler: SamplerArg,
+
     /// After the summary, how each snapshot was made one instant, counted.
     #[arg(short, long, conflicts_with = "quiet")]
     pub verbose: bool,
@@ -281,7 +298,18 @@ impl RecordArgs {
         let output = output.output.unwrap_or_else(|| default_output(&target, format));
         let mut attach = process.attach.options();
         sampling.apply(&mut attach);
+        let sampler = match self.sampler {
+            _ if process.attach.nonblocking => SamplerChoice::Nonblocking,
+            SamplerArg::Auto => SamplerChoice::Auto,
+            SamplerArg::Kernel => SamplerChoice::Kernel,
+            SamplerArg::Ptrace => SamplerChoice::Ptrace,
+            SamplerArg::Nonblocking => SamplerChoice::Nonblocking,
+        };
+        if sampler == SamplerChoice::Nonblocking {
+            attach.sampling = Sampling::Nonblocking;
+        }
         Ok(RecordConfig {
+            sampler,
             target,
             sampling: SamplingConfig { include_empty: process.include_idle_threads, ..sampling.config() },
             aggregate: AggregateOptions { by_function: self.function, thread_roots: self.threads, process_roots: process.subprocesses },
@@ -353,7 +381,7 @@ impl TopArgs {
         let mut recording = self.recording;
         let write = recording.output.output.is_some();
         recording.output.output.get_or_insert_with(crate::top::unused_output);
-        let record = RecordArgs { recording, threads: false, function: false, quiet: true, verbose: false }
+        let record = RecordArgs { recording, threads: false, function: false, quiet: true, verbose: false, sampler: SamplerArg::Ptrace }
             .into_config()
             .map_err(|e| anyhow::anyhow!(e.to_string().replace("pyprof record", "pyprof top")))?;
         Ok(crate::top::TopConfig { record, write, rows: self.rows, refresh: self.refresh })
@@ -730,8 +758,26 @@ mod tests {
 
 #[derive(Args, Debug)]
 pub struct DumpArgs {
+    /// Process id of the running Python program.
+    #[arg(short, long, required_unless_present = "core", conflicts_with = "core")]
+    pub pid: Option<i32>,
+
+    /// Read the stacks from a core file instead (coredumpctl dump, gcore, a
+    /// container's core pattern): the process that wrote it is gone.
+    #[arg(long, value_name = "FILE")]
+    pub core: Option<PathBuf>,
+
+    /// With --core: the executable, when the path the core names does not reach it.
+    #[arg(long, value_name = "PATH", requires = "core")]
+    pub exe: Option<PathBuf>,
+
+    /// With --core: the crashed process's root directory (a container's or
+    /// chroot's); the files the core names are looked for under it.
+    #[arg(long, value_name = "DIR", requires = "core")]
+    pub root: Option<PathBuf>,
+
     #[command(flatten)]
-    pub target: TargetArgs,
+    pub attach: AttachArgs,
 
     /// Print one JSON object instead of text (schema in docs/formats.md).
     #[arg(long)]
@@ -749,12 +795,13 @@ pub struct DumpArgs {
 
 impl DumpArgs {
     pub fn into_config(self) -> crate::dump::DumpConfig {
-        let mut attach = self.target.attach.options();
+        let mut attach = self.attach.options();
         // A dump is one look at everything: every pending task, not only the running ones.
         if attach.asyncio.is_some() {
             attach.asyncio = Some(AsyncMode::All);
         }
-        crate::dump::DumpConfig { pid: self.target.pid, attach, json: self.json, verbose: self.verbose, paths: self.paths.into() }
+        let core = self.core.map(|path| crate::dump::CoreSource { path, files: crate::postmortem::memory::Files { root: self.root, exe: self.exe } });
+        crate::dump::DumpConfig { pid: self.pid.unwrap_or(0), core, attach, json: self.json, verbose: self.verbose, paths: self.paths.into() }
     }
 }
 

@@ -16,6 +16,8 @@ use crate::stack::{Frame, FrameKind, ThreadStack};
 #[derive(Debug, Clone)]
 pub struct DumpConfig {
     pub pid: i32,
+    /// `--core FILE`: read this core file instead of a live pid.
+    pub core: Option<CoreSource>,
     pub attach: SessionOptions,
     pub json: bool,
     pub verbose: bool,
@@ -23,8 +25,18 @@ pub struct DumpConfig {
     pub paths: Paths,
 }
 
+/// A core file to dump, and where the files it names are.
+#[derive(Debug, Clone)]
+pub struct CoreSource {
+    pub path: std::path::PathBuf,
+    pub files: crate::postmortem::memory::Files,
+}
+
 /// `pyprof dump`: attach, take one snapshot, print it on stdout.
 pub fn run(cfg: &DumpConfig) -> anyhow::Result<i32> {
+    if let Some(core) = &cfg.core {
+        return run_core(core, cfg);
+    }
     let mut session = Session::attach(cfg.pid, &cfg.attach)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -33,12 +45,79 @@ pub fn run(cfg: &DumpConfig) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// `dump --core`: a core that cannot be read is bad input (exit 2), said in one line.
+fn run_core(core: &CoreSource, cfg: &DumpConfig) -> anyhow::Result<i32> {
+    let dumped = || -> anyhow::Result<()> {
+        let pm = crate::postmortem::Postmortem::open(&core.path, core.files.clone(), &cfg.attach).with_context(|| format!("core {}", core.path.display()))?;
+        let (threads, warnings) = pm.stacks(&cfg.attach).with_context(|| format!("core {}", core.path.display()))?;
+        for w in warnings {
+            eprintln!("pyprof: warning: {w}");
+        }
+        let c = pm.core();
+        let faulting = c.faulting_thread();
+        let header = Header {
+            pid: c.pid,
+            command: if c.args.is_empty() { c.command.clone() } else { c.args.clone() },
+            version: pm.interp.offsets.version.to_string(),
+            module: &pm.module,
+            verbose: format!("_PyRuntime at {:#x} (found by {}); offsets: {}", pm.interp.runtime, pm.method, pm.interp.offsets.provenance),
+            cwd: None,
+            core: Some(CoreJson {
+                core_file: core.path.display().to_string(),
+                signal: c.signal.map(|n| SignalJson { number: n, name: crate::postmortem::signal_name(n) }),
+                faulting_thread: faulting.map(|t| t.tid),
+            }),
+        };
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        render(&header, &threads, cfg, &mut out)?;
+        out.flush()?;
+        Ok(())
+    };
+    match dumped() {
+        Ok(()) => Ok(0),
+        Err(e) => {
+            eprintln!("pyprof: {e:#}");
+            Ok(2)
+        }
+    }
+}
+
 /// The `dump --json` document (docs/formats.md).
 #[derive(Serialize)]
 struct DumpJson<'a> {
     pid: i32,
-    python_version: String,
+    python_version: &'a str,
+    /// `--core`: the file, the signal that ended the process and its thread.
+    #[serde(flatten)]
+    core: Option<&'a CoreJson>,
     threads: Vec<ThreadJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct CoreJson {
+    core_file: String,
+    signal: Option<SignalJson>,
+    faulting_thread: Option<i32>,
+}
+
+#[derive(Serialize)]
+struct SignalJson {
+    number: i32,
+    name: String,
+}
+
+/// What a dump says about its process before the threads.
+struct Header<'a> {
+    pid: i32,
+    command: String,
+    version: String,
+    module: &'a str,
+    /// The `--verbose` line.
+    verbose: String,
+    /// The process's working directory, for short paths.
+    cwd: Option<&'a str>,
+    core: Option<CoreJson>,
 }
 
 #[derive(Serialize)]
@@ -139,8 +218,22 @@ pub fn write(session: &mut Session, opts: &DumpConfig, out: &mut dyn Write) -> R
         eprintln!("pyprof: warning: {w}");
     }
     let a = session.attached();
+    let header = Header {
+        pid: a.target.pid,
+        command: a.target.cmdline().join(" "),
+        version: a.interp.offsets.version.to_string(),
+        module: &a.module,
+        verbose: format!("_PyRuntime at {:#x} (found by {}); offsets: {}", a.interp.runtime, a.method, a.interp.offsets.provenance),
+        cwd: a.target.cwd.as_deref(),
+        core: None,
+    };
+    render(&header, &threads, opts, out)
+}
+
+/// The dump of `threads` as text or JSON.
+fn render(h: &Header, threads: &[ThreadStack], opts: &DumpConfig, out: &mut dyn Write) -> Result<()> {
     if opts.json {
-        let doc = DumpJson { pid: a.target.pid, python_version: a.interp.offsets.version.to_string(), threads: threads.iter().map(ThreadJson::of).collect() };
+        let doc = DumpJson { pid: h.pid, python_version: &h.version, core: h.core.as_ref(), threads: threads.iter().map(ThreadJson::of).collect() };
         serde_json::to_writer(&mut *out, &doc).map_err(std::io::Error::from)?;
         writeln!(out)?;
         return Ok(());
@@ -149,15 +242,22 @@ pub fn write(session: &mut Session, opts: &DumpConfig, out: &mut dyn Write) -> R
     // working directory, the package's own path, else the file name.
     let python_files = threads.iter().flat_map(|t| &t.frames).filter(|f| f.kind == FrameKind::Python).map(|f| &*f.file);
     let short = match opts.paths {
-        Paths::Short => short_files(python_files, a.target.cwd.as_deref()),
+        Paths::Short => short_files(python_files, h.cwd),
         Paths::Full => Default::default(),
     };
-    writeln!(out, "Process {}: {}", a.target.pid, a.target.cmdline().join(" "))?;
-    writeln!(out, "Python v{} ({})", a.interp.offsets.version, a.module)?;
-    if opts.verbose {
-        writeln!(out, "_PyRuntime at {:#x} (found by {}); offsets: {}", a.interp.runtime, a.method, a.interp.offsets.provenance)?;
+    match &h.core {
+        Some(c) => writeln!(out, "Core {} of process {}: {}", c.core_file, h.pid, h.command)?,
+        None => writeln!(out, "Process {}: {}", h.pid, h.command)?,
     }
-    for t in &threads {
+    writeln!(out, "Python v{} ({})", h.version, h.module)?;
+    if let Some(CoreJson { signal: Some(s), faulting_thread, .. }) = &h.core {
+        let thread = faulting_thread.map_or_else(String::new, |t| format!(" in thread {t}"));
+        writeln!(out, "Ended by {} ({}){thread}", s.name, s.number)?;
+    }
+    if opts.verbose {
+        writeln!(out, "{}", h.verbose)?;
+    }
+    for t in threads {
         writeln!(out)?;
         let mut facts = Vec::new();
         if t.holds_gil {

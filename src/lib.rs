@@ -24,9 +24,13 @@ pub mod counts;
 pub mod diff;
 pub mod dump;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod kernel;
 pub mod native;
 pub mod offsets;
 pub mod output;
+pub mod postmortem;
 pub mod process;
 pub mod profile;
 pub mod python;

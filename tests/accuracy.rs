@@ -213,10 +213,11 @@ fn pyprof_result(what: &str, out: &Output, path: &Path) -> Recording {
     Recording { stacks, ticks, samples, profile: Some(profile) }
 }
 
-/// pyprof (default: wall mode, exact sampling) on a running process.
-fn pyprof_attach(pid: i32, rate: u32, secs: f64, out: &Path) -> Recording {
+/// pyprof (default: wall mode, exact sampling; `extra` arguments may say
+/// otherwise) on a running process.
+fn pyprof_attach(pid: i32, rate: u32, secs: f64, out: &Path, extra: &[&str]) -> Recording {
     let mut cmd = niced_command(Path::new(pyprof_bin()));
-    cmd.args(["record", "--pid", &pid.to_string(), "-r", &rate.to_string(), "-d", &format!("{secs}"), "-f", "json", "-o"]).arg(out);
+    cmd.args(["record", "--pid", &pid.to_string(), "-r", &rate.to_string(), "-d", &format!("{secs}"), "-f", "json", "-o"]).arg(out).args(extra);
     cmd.env_remove("PYPROF_RUNTIME_METHOD");
     let output = output_within(cmd, Duration::from_secs_f64(secs * 10.0 + 60.0));
     pyprof_result(&format!("pyprof record --pid {pid} -r {rate}"), &output, out)
@@ -334,7 +335,7 @@ fn judged(test: &str, measure: impl Fn() -> Outcome) {
 
 /// One measurement of short_calls.py: pyprof's leaf shares at 1 and 10 kHz
 /// against py-spy's on one process.
-fn measure_short_callees(py: &Interpreter, pyspy: &Path) -> Outcome {
+fn measure_short_callees(py: &Interpreter, pyspy: &Path, extra: &[&str]) -> Outcome {
     let target = spawn_argv(&py.label, &niced(py.argv("short_calls.py", &[])));
     let pid = target.pid();
     let dir = temp_dir("short");
@@ -358,11 +359,25 @@ fn measure_short_callees(py: &Interpreter, pyspy: &Path) -> Outcome {
                 continue;
             }
             let secs = if rate == 1000 { SECS_1K } else { SECS_10K };
-            let rec = pyprof_attach(pid, rate, secs, &dir.join(format!("pyprof-{rate}-{step}.json")));
+            let rec = pyprof_attach(pid, rate, secs, &dir.join(format!("pyprof-{rate}-{step}.json")), extra);
+            if let Some(want) = sampler_of(extra) {
+                let p = rec.profile.as_ref().unwrap();
+                let msg = format!("[{}] --sampler {want} did not run (meta.sampling.method {})", py.label, p.meta.sampling.method);
+                if p.meta.sampling.method != want {
+                    assert!(!in_ci(), "{msg}");
+                    skipped(&msg);
+                    return Outcome::Within(msg);
+                }
+            }
             let expected = rate as f64 * secs;
+            // The kernel sampler samples the target's CPU time, not wall
+            // ticks: on this 2-CPU machine under other builds a nice -20
+            // target still got only 23-39 % of a CPU. The shares are judged
+            // by the same bound, and noise past it repeats the measurement.
+            let least = if sampler_of(extra) == Some("kernel") { 0.2 } else { 0.5 };
             assert!(
-                rec.samples as f64 >= 0.5 * expected,
-                "[{}] pyprof at {rate} Hz for {secs} s took {} samples over {:?} ticks, under half of {expected}: too few to compare",
+                rec.samples as f64 >= least * expected,
+                "[{}] pyprof at {rate} Hz for {secs} s took {} samples over {:?} ticks, under {least} of {expected}: too few to compare",
                 py.label,
                 rec.samples,
                 rec.ticks
@@ -426,8 +441,28 @@ fn short_callees_match_pyspy_at_1khz_and_10khz() {
     let Some(pyspy) = pyspy_bin() else { return };
     let _serial = heavy();
     let started = Instant::now();
-    for_each_interpreter(|py| judged("short_callees", || measure_short_callees(py, &pyspy)));
+    for_each_interpreter(|py| judged("short_callees", || measure_short_callees(py, &pyspy, &[])));
     eprintln!("accuracy: short_callees took {:.0} s", started.elapsed().as_secs_f64());
+}
+
+/// The sampler `extra` asks for by `--sampler NAME`, as meta names it.
+fn sampler_of<'a>(extra: &[&'a str]) -> Option<&'a str> {
+    extra.windows(2).find(|w| w[0] == "--sampler").map(|w| w[1])
+}
+
+/// The same measurement with the kernel sampler (src/kernel/: the stack
+/// copied by an eBPF program at the interrupt, nothing stopped) in
+/// `--mode cpu`: short_calls.py never leaves its CPU of its own accord, so
+/// its on-CPU samples share out like py-spy's. In CI (root, BPF allowed)
+/// the kernel sampler must run.
+#[test]
+fn short_callees_match_pyspy_with_the_kernel_sampler() {
+    let Some(pyspy) = pyspy_bin() else { return };
+    let _serial = heavy();
+    let started = Instant::now();
+    let extra = ["--sampler", "kernel", "--mode", "cpu"];
+    for_each_interpreter(|py| judged("short_callees_kernel", || measure_short_callees(py, &pyspy, &extra)));
+    eprintln!("accuracy: short_callees_kernel took {:.0} s", started.elapsed().as_secs_f64());
 }
 
 // ---------------------------------------------------------------- churn
@@ -500,7 +535,7 @@ fn measure_churn(py: &Interpreter) -> Outcome {
     let mut beyond = false;
     for rate in [1000u32, 10_000] {
         let before = target.split();
-        let rec = pyprof_attach(target.pid(), rate, CHURN_SECS, &dir.join(format!("pyprof-{rate}.json")));
+        let rec = pyprof_attach(target.pid(), rate, CHURN_SECS, &dir.join(format!("pyprof-{rate}.json")), &[]);
         let after = target.split();
         let (d_long, d_short) = (after.0 - before.0, after.1 - before.1);
         let truth = 100.0 * d_long / (d_long + d_short);

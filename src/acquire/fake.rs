@@ -40,8 +40,12 @@ pub struct Script {
     /// Written just before word `.0` is read for the `.1`th time (1: the
     /// first read sees the patch).
     pub on_read: Option<(u64, u32, Vec<Patch>)>,
-    /// Whether a step set going stops (false: it waits for a CPU).
+    /// Whether a step set going, or a stop left pending, comes (false: it
+    /// waits for a CPU).
     pub steps_stop: bool,
+    /// Threads that leave their CPU before their stop: `add_or_freeze`
+    /// freezes them (interrupted, their stop pending until `steps_stop`).
+    pub freezes: Vec<i32>,
     /// Every thread ever stopped, in order.
     pub stopped: Vec<i32>,
     /// Instructions stepped, per step call.
@@ -133,8 +137,10 @@ pub struct FakeHeld {
     script: Rc<RefCell<Script>>,
     pid: i32,
     held: Vec<i32>,
-    /// Set stepping, their step not taken in yet.
+    /// Interrupted or set stepping, their stop not taken in yet.
     frozen: Vec<i32>,
+    /// Of the frozen, those set stepping (their stop is a step's).
+    stepping: Vec<i32>,
 }
 
 impl FakeHeld {
@@ -177,7 +183,16 @@ impl Held for FakeHeld {
     }
 
     fn add_or_freeze(&mut self, tids: &[i32], _off_cpu: &mut dyn FnMut(i32) -> bool) -> Result<()> {
-        self.add(tids, false)
+        let freezes = self.script.borrow().freezes.clone();
+        for &t in tids {
+            if freezes.contains(&t) {
+                self.script.borrow_mut().stopped.push(t);
+                self.frozen.push(t);
+            } else {
+                self.stop(t)?;
+            }
+        }
+        Ok(())
     }
 
     fn holds(&self, tid: i32) -> bool {
@@ -197,9 +212,12 @@ impl Held for FakeHeld {
             return self.frozen.is_empty();
         }
         for tid in std::mem::take(&mut self.frozen) {
-            self.stepped(tid, 1);
+            if self.stepping.contains(&tid) {
+                self.stepped(tid, 1);
+            }
             self.held.push(tid);
         }
+        self.stepping.clear();
         true
     }
 
@@ -209,6 +227,7 @@ impl Held for FakeHeld {
         }
         self.held.retain(|&t| t != tid);
         self.frozen.push(tid);
+        self.stepping.push(tid);
         true
     }
 
@@ -249,7 +268,7 @@ impl Live for Fake {
 
     fn hold_none(&self, _policy: HoldPolicy) -> FakeHeld {
         self.script.borrow_mut().holds += 1;
-        FakeHeld { mem: self.mem.clone(), script: self.script.clone(), pid: self.pid(), held: Vec::new(), frozen: Vec::new() }
+        FakeHeld { mem: self.mem.clone(), script: self.script.clone(), pid: self.pid(), held: Vec::new(), frozen: Vec::new(), stepping: Vec::new() }
     }
 
     fn threads(&self) -> Vec<i32> {

@@ -29,27 +29,19 @@ impl Steps {
     /// by the next burst of instructions. False when there is none, the
     /// budget is spent, or a thread would not stop again: then `threads`
     /// stands as it is.
-    /// As [`Steps::step_half_done`], one instruction, without waiting for
-    /// it: true when every half-done thread is frozen (its stop pending) or
-    /// set stepping, to be looked at later.
+    /// True when every half-done thread is frozen (its stop pending), to
+    /// be looked at later and stepped once it has stopped. A held one is
+    /// not set stepping to be looked at later ([`Held::start_step`]):
+    /// if pyprof died meanwhile, the kernel would let it go with its step
+    /// armed, and the SIGTRAP after its next instruction would kill the
+    /// target (bench/kill_anywhere.py). It is stepped now, by
+    /// [`Steps::step_half_done`].
     pub fn start_half_done(&mut self, stopped: &mut impl Held, threads: &[ThreadStack]) -> bool {
         if self.taken >= MAX_STEPS {
             return false;
         }
         let half_done = half_done(stopped, threads);
-        if half_done.is_empty() {
-            return false;
-        }
-        for &t in &half_done {
-            // A frozen one is stepped once it has stopped.
-            if !stopped.is_frozen(t) {
-                if !stopped.start_step(t) {
-                    return false;
-                }
-                self.taken += 1;
-            }
-        }
-        true
+        !half_done.is_empty() && half_done.iter().all(|&t| stopped.is_frozen(t))
     }
 
     pub fn step_half_done(&mut self, stopped: &mut impl Held, threads: &[ThreadStack]) -> bool {

@@ -88,12 +88,12 @@ impl http::Handler for Ctx {
     }
 }
 
-struct Query {
+pub(crate) struct Query {
     seconds: u64,
     pid: Option<i32>,
 }
 
-fn parse_query(query: &str) -> Result<Query, String> {
+pub(crate) fn parse_query(query: &str) -> Result<Query, String> {
     let mut q = Query { seconds: DEFAULT_SECONDS, pid: None };
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));

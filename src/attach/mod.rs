@@ -4,6 +4,7 @@
 //! [`Offsets`].
 
 pub mod asyncio;
+use std::path::Path;
 
 use crate::binary::elf::ElfFile;
 use crate::binary::runtime::{self, Method};
@@ -27,17 +28,16 @@ pub struct Attached {
 }
 
 /// Mapped files that may hold the interpreter, libpython first: when both
-/// exist the executable is only a stub.
-fn candidate_modules(target: &Target, maps: &[Mapping]) -> Vec<String> {
+/// exist the executable is only a stub. `exe`: the executable's path.
+pub fn candidate_modules(exe: Option<&str>, maps: &[Mapping]) -> Vec<String> {
     let mut libs = Vec::new();
     let mut exes = Vec::new();
-    let exe = target.exe();
     for m in maps {
         let Some(path) = &m.path else { continue };
         let name = file_name(path);
         // libpython2.* too: an old interpreter deserves "unsupported version", not "not Python".
         let is_lib = name.starts_with("libpython") && name.contains(".so");
-        let is_exe = exe.as_deref() == Some(path.as_str());
+        let is_exe = exe == Some(path.as_str());
         if is_lib && !libs.contains(path) {
             libs.push(path.clone());
         } else if is_exe && !exes.contains(path) {
@@ -62,8 +62,8 @@ pub fn attach(pid: i32, runtime_method: Option<Method>) -> Result<Attached> {
         }
     }
     let mut why = Vec::new();
-    for module in candidate_modules(&target, &maps) {
-        match attach_module(&target, &mem, &maps, &module, runtime_method) {
+    for module in candidate_modules(target.exe().as_deref(), &maps) {
+        match attach_module(pid, &target.host_path(&module), &mem, &maps, &module, runtime_method) {
             Ok((interp, method)) => {
                 return Ok(Attached { target, mem, maps, method, module, interp });
             }
@@ -84,10 +84,17 @@ pub fn attach(pid: i32, runtime_method: Option<Method>) -> Result<Attached> {
     Err(Error::NotPython { pid, why: why.join("; ") })
 }
 
-/// The interpreter in `module`, and how its `_PyRuntime` was found.
-fn attach_module(target: &Target, mem: &VmReader, maps: &[Mapping], module: &str, runtime_method: Option<Method>) -> Result<(Interpreter, Method)> {
-    let pid = target.pid;
-    let elf = ElfFile::open(&target.host_path(module))?;
+/// The interpreter in `module` (its file at `host` on this machine), and
+/// how its `_PyRuntime` was found: from a live process's memory or a core's.
+pub fn attach_module(
+    pid: i32,
+    host: &Path,
+    mem: &dyn RemoteMemory,
+    maps: &[Mapping],
+    module: &str,
+    runtime_method: Option<Method>,
+) -> Result<(Interpreter, Method)> {
+    let elf = ElfFile::open(host)?;
     let own: Vec<&Mapping> = maps.iter().filter(|m| m.path.as_deref() == Some(module)).collect();
     let bias = elf.load_bias(&own).ok_or_else(|| Error::Binary { path: module.into(), why: "cannot work out load address".into() })?;
     let allowed = |m: Method| runtime_method.is_none_or(|f| f == m);

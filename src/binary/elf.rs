@@ -47,8 +47,8 @@ pub fn load_bias(loads: &[Load], mappings: &[&Mapping]) -> Option<u64> {
         for l in loads {
             // Mappings start page-aligned, possibly before p_offset.
             let page_off = l.offset & !0xfff;
-            if m.offset >= page_off && m.offset < l.offset + l.filesz.max(1) {
-                let svma = (l.vaddr + m.offset).wrapping_sub(l.offset);
+            if m.offset >= page_off && m.offset < l.offset.saturating_add(l.filesz.max(1)) {
+                let svma = l.vaddr.wrapping_add(m.offset).wrapping_sub(l.offset);
                 return Some(m.start.wrapping_sub(svma));
             }
         }
@@ -212,7 +212,12 @@ impl ElfFile {
         // SAFETY: read-only private mapping; if the file is truncated under
         // us we may fault, which is the same risk every ELF reader takes.
         let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::Binary { path: path.into(), why: e.to_string() })?;
-        let elf = ElfView::parse(&bytes).map_err(|why| Error::Binary { path: path.into(), why })?;
+        Self::from_bytes(path, &bytes)
+    }
+
+    /// The file's contents already in memory; `path` only names it in errors.
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<ElfFile> {
+        let elf = ElfView::parse(bytes).map_err(|why| Error::Binary { path: path.into(), why })?;
         if !elf.is_64_le() {
             return Err(Error::Binary { path: path.into(), why: "only 64-bit little-endian ELF is supported".into() });
         }
@@ -259,13 +264,63 @@ impl ElfFile {
 
     /// Writable data the runtime can live in: .data, .PyRuntime, .bss (svma ranges).
     pub fn data_ranges(&self) -> Vec<(u64, u64)> {
-        self.sections.iter().filter(|s| matches!(s.name.as_str(), ".data" | ".bss" | ".PyRuntime") && s.size > 0).map(|s| (s.addr, s.addr + s.size)).collect()
+        // A section past the end of the address space is not one the runtime is in.
+        self.sections
+            .iter()
+            .filter(|s| matches!(s.name.as_str(), ".data" | ".bss" | ".PyRuntime") && s.size > 0)
+            .filter_map(|s| Some((s.addr, s.addr.checked_add(s.size)?)))
+            .collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `elf` fuzz target: a `.data` section ending past the
+    /// end of the address space (an add overflow, a range ending before it
+    /// starts without overflow checks) is no range to scan.
+    #[test]
+    fn data_sections_past_the_end_of_the_address_space_are_left_out() {
+        let section = |name: &str, addr: u64, size: u64| Section { name: name.into(), addr, size, nobits: false };
+        let f = ElfFile {
+            path: "x".into(),
+            sections: vec![section(".data", u64::MAX - 4, 16), section(".bss", 0x5000, 0x100), section(".PyRuntime", u64::MAX - 0xff, 0x100)],
+            symbols: Vec::new(),
+            loads: vec![Load { vaddr: u64::MAX - 0xfff, offset: u64::MAX - 0xfff, filesz: 0x2000, memsz: 0x2000 }],
+        };
+        assert_eq!(f.data_ranges(), vec![(0x5000, 0x5100)]);
+        let m = Mapping {
+            start: 0x7f00_0000_0000,
+            end: 0x7f00_0000_1000,
+            offset: 0xffff_ffff_ffff_f000,
+            readable: true,
+            writable: false,
+            executable: true,
+            path: None,
+        };
+        assert_eq!(f.load_bias(&[&m]), Some(0x7f00_0000_0000u64.wrapping_sub(0xffff_ffff_ffff_f000)));
+    }
+
+    /// Found by the `elf` fuzz target: a note whose size runs past its
+    /// segment made goblin's note iterator return the same error forever,
+    /// and the build-id search spun on it (attach hung on such a library).
+    #[test]
+    fn a_malformed_note_ends_the_build_id_search() {
+        let path = Path::new("/bin/true");
+        let mut bytes = std::fs::read(path).unwrap();
+        let intact = ElfView::parse(&bytes).unwrap().build_id().is_some();
+        let elf = goblin::elf::Elf::parse(&bytes).unwrap();
+        let note = elf.program_headers.iter().find(|p| p.p_type == goblin::elf::program_header::PT_NOTE).expect("a PT_NOTE").p_offset as usize;
+        drop(elf);
+        // The first note's n_descsz: past the end of everything.
+        bytes[note + 4..note + 8].copy_from_slice(&0xffff_fff0u32.to_le_bytes());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(ElfView::parse(&bytes).map(|v| v.build_id().is_some())));
+        let parsed = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("from_bytes returns");
+        assert!(parsed.is_ok(), "the file is still read: {parsed:?}");
+        assert!(intact, "/bin/true has a build id to lose");
+    }
 
     /// This test binary and the libc it runs on: real files of both kinds.
     fn real_files() -> Vec<PathBuf> {

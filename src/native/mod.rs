@@ -17,6 +17,7 @@ pub mod perf_map;
 pub mod symbols;
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -88,7 +89,10 @@ struct Named {
 
 /// Native unwinding and symbolization state for one target process.
 pub struct NativeState {
-    target: Target,
+    /// None for a core file: its maps are all there is, and no perf map.
+    target: Option<Target>,
+    /// The process's root, where separate debug files are looked for.
+    root: std::path::PathBuf,
     opts: NativeOptions,
     maps: Vec<Mapping>,
     modules: Vec<CodeModule>,
@@ -162,8 +166,27 @@ impl StackReader<'_> {
 
 impl NativeState {
     pub fn new(target: &Target, opts: NativeOptions) -> NativeState {
-        let mut s = NativeState {
-            target: target.clone(),
+        let root = std::path::PathBuf::from(format!("/proc/{}/root", target.pid));
+        let mut s = NativeState::empty(Some(target.clone()), root, opts);
+        s.uid = modules::target_uid(target.pid);
+        s.ns_pid = modules::namespace_pid(target.pid);
+        s.refresh(true);
+        s
+    }
+
+    /// For a process that is gone (a core file): the modules of `maps`,
+    /// their files at `host(path)`, debug files looked for under `root`.
+    pub fn for_maps(maps: Vec<Mapping>, host: &dyn Fn(&str) -> std::path::PathBuf, root: std::path::PathBuf, opts: NativeOptions) -> NativeState {
+        let mut s = NativeState::empty(None, root, opts);
+        s.install_modules(&maps, host);
+        s.maps = maps;
+        s
+    }
+
+    fn empty(target: Option<Target>, root: std::path::PathBuf, opts: NativeOptions) -> NativeState {
+        NativeState {
+            target,
+            root,
             opts,
             maps: Vec::new(),
             modules: Vec::new(),
@@ -177,13 +200,25 @@ impl NativeState {
             names: HashMap::new(),
             trampoline_code: HashMap::new(),
             stack_pool: Vec::new(),
-            uid: modules::target_uid(target.pid),
-            ns_pid: modules::namespace_pid(target.pid),
+            uid: None,
+            ns_pid: 0,
             warnings: Vec::new(),
             stats: NativeStats::default(),
-        };
-        s.refresh(true);
-        s
+        }
+    }
+
+    fn install_modules(&mut self, maps: &[Mapping], host: &dyn Fn(&str) -> std::path::PathBuf) {
+        for m in &self.modules {
+            self.unwinder.remove_module(m.avma.start);
+        }
+        self.modules = modules::load_modules(host, maps);
+        self.symbols.clear();
+        self.names.clear();
+        for m in &mut self.modules {
+            if let Some(sections) = m.sections.take() {
+                self.unwinder.add_module(framehop::Module::new(m.path.clone(), m.avma.clone(), m.bias, sections));
+            }
+        }
     }
 
     /// Re-read maps (modules come and go with dlopen) and the trampoline maps.
@@ -192,21 +227,12 @@ impl NativeState {
             return;
         }
         self.last_refresh = Some(Instant::now());
-        if let Ok(maps) = read_maps(self.target.pid) {
+        let Some(target) = self.target.clone() else { return };
+        if let Ok(maps) = read_maps(target.pid) {
             let known: Vec<&str> = self.modules.iter().map(|m| m.path.as_str()).collect();
             let fresh = modules::exec_paths(&maps);
             if fresh.iter().any(|p| !known.contains(p)) || known.iter().any(|p| !fresh.contains(p)) {
-                for m in &self.modules {
-                    self.unwinder.remove_module(m.avma.start);
-                }
-                self.modules = modules::load_modules(&self.target, &maps);
-                self.symbols.clear();
-                self.names.clear();
-                for m in &mut self.modules {
-                    if let Some(sections) = m.sections.take() {
-                        self.unwinder.add_module(framehop::Module::new(m.path.clone(), m.avma.clone(), m.bias, sections));
-                    }
-                }
+                self.install_modules(&maps, &|p| target.host_path(p));
             }
             self.maps = maps;
         }
@@ -214,8 +240,8 @@ impl NativeState {
     }
 
     fn load_trampolines(&mut self) {
-        let Some(uid) = self.uid else { return };
-        let map_path = modules::target_tmp(&self.target, &format!("perf-{}.map", self.ns_pid));
+        let (Some(uid), Some(target)) = (self.uid, self.target.clone()) else { return };
+        let map_path = modules::target_tmp(&target, &format!("perf-{}.map", self.ns_pid));
         if map_path.symlink_metadata().is_ok() {
             match perf_map::load(&map_path, uid) {
                 Ok(m) => {
@@ -227,7 +253,7 @@ impl NativeState {
                 Err(e) => self.warn(format!("perf map ignored: {e}")),
             }
         }
-        let dump_path = modules::target_tmp(&self.target, &format!("jit-{}.dump", self.ns_pid));
+        let dump_path = modules::target_tmp(&target, &format!("jit-{}.dump", self.ns_pid));
         if dump_path.symlink_metadata().is_ok() {
             match jitdump::load(&dump_path, uid) {
                 Ok(d) => {
@@ -256,19 +282,8 @@ impl NativeState {
             return;
         }
         self.jit_modules.insert(l.code_addr);
-        let hdr_addr = u.eh_frame_hdr_addr(l.code_addr, l.code_size);
-        let eh_addr = u.eh_frame_addr(l.code_addr, l.code_size);
-        let owned = |v: &Vec<u8>| -> Bytes { modules::owned_bytes(v.clone()) };
-        let info = framehop::ExplicitModuleSectionInfo {
-            base_svma: 0,
-            text_svma: Some(l.code_addr..l.code_addr + l.code_size),
-            eh_frame_svma: Some(eh_addr..eh_addr + u.eh_frame.len() as u64),
-            eh_frame: Some(owned(&u.eh_frame)),
-            eh_frame_hdr_svma: (!u.eh_frame_hdr.is_empty()).then(|| hdr_addr..hdr_addr + u.eh_frame_hdr.len() as u64),
-            eh_frame_hdr: (!u.eh_frame_hdr.is_empty()).then(|| owned(&u.eh_frame_hdr)),
-            ..Default::default()
-        };
-        self.unwinder.add_module(framehop::Module::new(l.name.clone(), l.code_addr..l.code_addr + l.code_size, 0, info));
+        let Some((code, info)) = jit_unwind_sections(l, u) else { return };
+        self.unwinder.add_module(framehop::Module::new(l.name.clone(), code, 0, info));
     }
 
     fn warn(&mut self, w: String) {
@@ -308,9 +323,8 @@ impl NativeState {
         if let Some(i) = self.modules.iter().position(|m| m.text.iter().any(|r| r.contains(&addr))) {
             let m = &self.modules[i];
             let (bias, module, host) = (m.bias, m.name.clone(), m.host_path.clone());
-            let root = std::path::PathBuf::from(format!("/proc/{}/root", self.target.pid));
-            let debug = self.opts.debug.clone();
-            let syms = self.symbols.entry(i).or_insert_with(|| symbols::ElfSymbols::load(&host, &root, &debug).ok());
+            let (root, debug) = (&self.root, &self.opts.debug);
+            let syms = self.symbols.entry(i).or_insert_with(|| symbols::ElfSymbols::load(&host, root, debug).ok());
             if let Some(hit) = syms.as_ref().and_then(|s| s.lookup(addr.wrapping_sub(bias))) {
                 let kind = if hit.name.starts_with("_PyEval_EvalFrameDefault") {
                     NativeKind::Eval
@@ -440,10 +454,55 @@ impl NativeState {
     }
 }
 
+/// A jitdump record's CFI as framehop reads it, placed where CPython
+/// writes it (after the code), with the code's range; None for a record
+/// whose code or tables would run past the end of the address space.
+pub(crate) fn jit_unwind_sections(l: &jitdump::JitCodeLoad, u: &jitdump::JitUnwindInfo) -> Option<(Range<u64>, framehop::ExplicitModuleSectionInfo<Bytes>)> {
+    let code = l.code_addr..l.code_addr.checked_add(l.code_size)?;
+    // JitUnwindInfo::eh_frame_addr's layout, without its wrapping.
+    let eh_addr = l.code_addr.checked_add(l.code_size.checked_add(7)? & !7)?;
+    let hdr_addr = eh_addr.checked_add(u.eh_frame.len() as u64)?;
+    let hdr_end = hdr_addr.checked_add(u.eh_frame_hdr.len() as u64)?;
+    let owned = |v: &Vec<u8>| -> Bytes { modules::owned_bytes(v.clone()) };
+    let info = modules::checked_eh_frame_hdr(framehop::ExplicitModuleSectionInfo {
+        base_svma: 0,
+        text_svma: Some(code.clone()),
+        eh_frame_svma: Some(eh_addr..hdr_addr),
+        eh_frame: Some(owned(&u.eh_frame)),
+        eh_frame_hdr_svma: (!u.eh_frame_hdr.is_empty()).then_some(hdr_addr..hdr_end),
+        eh_frame_hdr: (!u.eh_frame_hdr.is_empty()).then(|| owned(&u.eh_frame_hdr)),
+        ..Default::default()
+    });
+    Some((code, info))
+}
+
 /// One unwound frame before naming: its lookup address and stack range.
 #[derive(Debug, Clone, Copy)]
 pub struct NativeRaw {
     pub lookup: u64,
     pub sp: u64,
     pub cfa: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::jitdump::{JitCodeLoad, JitUnwindInfo};
+    use super::*;
+
+    /// Found by the `jitdump` fuzz target: a record whose code lies at the
+    /// top of the address space put its CFI past the end (an add overflow
+    /// with overflow checks, ranges ending before they start without).
+    #[test]
+    fn a_jitdump_record_at_the_end_of_the_address_space_adds_no_cfi() {
+        let u = JitUnwindInfo { eh_frame_hdr: vec![0; 20], eh_frame: vec![0; 48], mapped_size: 68 };
+        let load = |code_addr: u64, code_size: u64| JitCodeLoad { code_addr, code_size, code_index: 0, name: "py::f".into(), unwind: Some(u.clone()) };
+        let (code, info) = jit_unwind_sections(&load(0x7f00_0000_1003, 13), &u).expect("an ordinary record");
+        assert_eq!(code, 0x7f00_0000_1003..0x7f00_0000_1010);
+        let eh = u.eh_frame_addr(0x7f00_0000_1003, 13);
+        assert_eq!(info.eh_frame_svma, Some(eh..eh + 48));
+        assert_eq!(info.eh_frame_hdr_svma.map(|r| r.start), Some(u.eh_frame_hdr_addr(0x7f00_0000_1003, 13)));
+        for (addr, size) in [(u64::MAX - 4, 13), (u64::MAX - 40, 13), (u64::MAX - 70, 13), (1, u64::MAX - 3)] {
+            assert!(jit_unwind_sections(&load(addr, size), &u).is_none(), "code at {addr:#x}, {size} bytes");
+        }
+    }
 }

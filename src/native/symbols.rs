@@ -99,7 +99,8 @@ impl ElfSymbols {
         Self::from_bytes(&map, path, root, search)
     }
 
-    fn from_bytes(bytes: &[u8], path: &Path, root: &Path, search: &DebugSearch) -> Result<ElfSymbols, SymbolError> {
+    /// [`Self::load`] of bytes already in memory (`path` names them in errors and finds debug files).
+    pub fn from_bytes(bytes: &[u8], path: &Path, root: &Path, search: &DebugSearch) -> Result<ElfSymbols, SymbolError> {
         let elf = ElfView::parse(bytes).map_err(|why| elf_error(path, &why))?;
         let segments = elf.loads();
 

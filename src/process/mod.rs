@@ -8,6 +8,7 @@ pub mod maps;
 pub mod memory;
 pub mod new_pids;
 pub mod occupancy;
+pub mod perf_event;
 pub mod prefetch;
 pub mod replay;
 pub mod run_states;

@@ -30,7 +30,8 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Mutex;
 
-use super::run_states::{Record, Ring, online_cpus, open_event, parse, ran_only_after};
+use super::perf_event::{Record, Ring, online_cpus, open_event, parse};
+use super::run_states::ran_only_after;
 
 /// Threads remembered at most: every task of the machine that switched is
 /// remembered until it exits; past this, the oldest knowledge is dropped

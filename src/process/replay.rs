@@ -140,6 +140,22 @@ impl Replay {
         self.patch(addr, &v.to_le_bytes());
     }
 
+    /// XOR recorded byte number `nth` (in address order over everything
+    /// recorded, modulo its size) with `mask`: a tear anywhere, chosen by
+    /// a number (the fuzz target's input) rather than by an address.
+    pub fn flip(&self, nth: usize, mask: u8) {
+        let mut ranges = self.ranges.borrow_mut();
+        let total: usize = ranges.values().map(Vec::len).sum();
+        let Some(mut n) = nth.checked_rem(total) else { return };
+        for bytes in ranges.values_mut() {
+            if let Some(b) = bytes.get_mut(n) {
+                *b ^= mask;
+                return;
+            }
+            n -= bytes.len();
+        }
+    }
+
     /// Recorded bytes in total.
     pub fn len(&self) -> usize {
         self.ranges.borrow().values().map(Vec::len).sum()

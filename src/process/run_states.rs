@@ -46,9 +46,9 @@
 
 // Asked for every thread at every tick in `--mode cpu`: a cheap hash, not SipHash.
 use rustc_hash::FxHashMap as HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::os::fd::OwnedFd;
+
+use super::perf_event::{self, Record, Ring, online_cpus, open_event, parse};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunStatesError {
@@ -61,69 +61,6 @@ pub enum RunStatesError {
     #[error("process {0} has no thread to follow")]
     NoThreads(i32),
 }
-
-/// Data pages per ring (a power of two). A switch record is 24 bytes, so
-/// 256 KiB holds about 10,000 switches per CPU between two polls.
-const RING_PAGES: usize = 64;
-
-const PERF_TYPE_SOFTWARE: u32 = 1;
-const PERF_COUNT_SW_DUMMY: u64 = 9;
-const PERF_SAMPLE_TID: u64 = 1 << 1;
-const PERF_SAMPLE_TIME: u64 = 1 << 2;
-const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
-/// `_IO('$', 5)`.
-const PERF_EVENT_IOC_SET_OUTPUT: libc::c_ulong = 0x2405;
-
-const PERF_RECORD_LOST: u32 = 2;
-const PERF_RECORD_EXIT: u32 = 4;
-const PERF_RECORD_SWITCH: u32 = 14;
-const PERF_RECORD_SWITCH_CPU_WIDE: u32 = 15;
-const PERF_RECORD_MISC_SWITCH_OUT: u16 = 0x2000;
-const PERF_RECORD_MISC_SWITCH_OUT_PREEMPT: u16 = 0x4000;
-
-/// `struct perf_event_attr` up to `config3` (PERF_ATTR_SIZE_VER8); older
-/// kernels accept a larger struct whose extra fields are zero.
-#[repr(C)]
-#[derive(Default)]
-struct PerfEventAttr {
-    type_: u32,
-    size: u32,
-    config: u64,
-    sample_period: u64,
-    sample_type: u64,
-    read_format: u64,
-    flags: u64,
-    wakeup_events: u32,
-    bp_type: u32,
-    config1: u64,
-    config2: u64,
-    branch_sample_type: u64,
-    sample_regs_user: u64,
-    sample_stack_user: u32,
-    clockid: i32,
-    sample_regs_intr: u64,
-    aux_watermark: u32,
-    sample_max_stack: u16,
-    reserved_2: u16,
-    aux_sample_size: u32,
-    reserved_3: u32,
-    sig_data: u64,
-    config3: u64,
-}
-
-// Bits of perf_event_attr's flag word.
-const EXCLUDE_KERNEL: u64 = 1 << 5;
-const EXCLUDE_HV: u64 = 1 << 6;
-const TASK: u64 = 1 << 13;
-const SAMPLE_ID_ALL: u64 = 1 << 18;
-const USE_CLOCKID: u64 = 1 << 25;
-const CONTEXT_SWITCH: u64 = 1 << 26;
-
-/// Offsets in `struct perf_event_mmap_page`.
-const DATA_HEAD: usize = 1024;
-const DATA_TAIL: usize = 1032;
-const DATA_OFFSET: usize = 1040;
-const DATA_SIZE: usize = 1048;
 
 /// What the tracker has done so far.
 #[derive(Debug, Default, Clone, Copy)]
@@ -224,67 +161,6 @@ struct Seen {
     ins: u32,
     /// Time of the latest switch-in seen.
     in_time: u64,
-}
-
-/// The ring of one CPU, with the event that owns it.
-pub(super) struct Ring {
-    base: NonNull<u8>,
-    len: usize,
-    data_offset: usize,
-    data_size: usize,
-    fd: OwnedFd,
-}
-
-impl Drop for Ring {
-    fn drop(&mut self) {
-        // SAFETY: base and len are the mapping made in `Ring::map`, unmapped once.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
-    }
-}
-
-impl Ring {
-    pub(super) fn map(fd: OwnedFd) -> Result<Ring, RunStatesError> {
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let len = page * (1 + RING_PAGES);
-        // SAFETY: a fresh shared mapping of the event's ring; the kernel checks fd and len.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
-        if p == libc::MAP_FAILED {
-            return Err(RunStatesError::Map(std::io::Error::last_os_error()));
-        }
-        let base = NonNull::new(p.cast::<u8>()).ok_or_else(|| RunStatesError::Map(std::io::Error::other("null mapping")))?;
-        let mut ring = Ring { base, len, data_offset: page, data_size: page * RING_PAGES, fd };
-        // Kernels since 4.1 say where the data is; older ones put it after the first page.
-        let (off, size) = (ring.word(DATA_OFFSET).load(Ordering::Relaxed) as usize, ring.word(DATA_SIZE).load(Ordering::Relaxed) as usize);
-        if size != 0 && off.checked_add(size).is_some_and(|end| end <= len) && size.is_power_of_two() {
-            (ring.data_offset, ring.data_size) = (off, size);
-        }
-        Ok(ring)
-    }
-
-    fn word(&self, offset: usize) -> &AtomicU64 {
-        // SAFETY: the control page is mapped, 8-aligned words at fixed offsets
-        // that the kernel also reads and writes atomically.
-        unsafe { &*self.base.as_ptr().add(offset).cast::<AtomicU64>() }
-    }
-
-    /// Hand every record written since the last call to `f`, then give
-    /// their room back to the kernel. False when a record that cannot be
-    /// cut the batch short (the rest is dropped: as good as lost).
-    pub(super) fn take_new(&self, scratch: &mut Vec<u8>, f: impl FnMut(&[u8])) -> bool {
-        // Acquire: the records before head are complete once head is seen.
-        let head = self.word(DATA_HEAD).load(Ordering::Acquire);
-        let tail = self.word(DATA_TAIL).load(Ordering::Relaxed);
-        let end = drain(self.data(), tail, head, scratch, f);
-        // Release: the kernel may overwrite what was read only after the reads.
-        self.word(DATA_TAIL).store(head, Ordering::Release);
-        end == head
-    }
-
-    fn data(&self) -> &[u8] {
-        // SAFETY: the data area lies inside the mapping (checked in `map`).
-        unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(self.data_offset), self.data_size) }
-    }
 }
 
 pub struct RunStates {
@@ -436,10 +312,7 @@ impl RunStates {
         for (i, &cpu) in self.cpus.iter().enumerate() {
             let fd = open_event(tid, cpu).map_err(|source| RunStatesError::Refused { tid, source })?;
             if let Some(ring) = self.rings.get(i) {
-                // SAFETY: both are perf event descriptors of ours.
-                if unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_SET_OUTPUT as _, ring.fd.as_raw_fd()) } != 0 {
-                    return Err(RunStatesError::Refused { tid, source: std::io::Error::last_os_error() });
-                }
+                ring.send_here(&fd).map_err(|source| RunStatesError::Refused { tid, source })?;
                 fds.push(fd);
             } else {
                 owners.push(fd);
@@ -448,7 +321,7 @@ impl RunStates {
         // The first thread's events own the rings; mapped only once all of
         // them opened, so a thread refused halfway leaves no ring behind.
         for fd in owners {
-            self.rings.push(Ring::map(fd)?);
+            self.rings.push(Ring::map(fd).map_err(RunStatesError::Map)?);
         }
         self.events.insert(tid, fds);
         Ok(())
@@ -612,182 +485,15 @@ const CLOCK_SLACK_NS: u64 = 500;
 /// that ended before `t` saw it as it stood when proven off. Two or more
 /// switch-ins: it ran in between, as far as is known here.
 pub(super) fn ran_only_after(now: u32, in_time: u64, ins: u32, t: u64) -> bool {
-    MONOTONIC_STAMPS.load(Ordering::Relaxed) && now == ins.wrapping_add(1) && in_time >= t.saturating_add(CLOCK_SLACK_NS)
-}
-
-/// Whether every switch record is stamped with CLOCK_MONOTONIC (a kernel
-/// that refuses `use_clockid` stamps them with its own clock, and then no
-/// switch can be placed after a read: [`ran_only_after`] says no).
-static MONOTONIC_STAMPS: AtomicBool = AtomicBool::new(true);
-
-/// `tid` = -1: every task on `cpu`.
-pub(super) fn open_event(tid: i32, cpu: i32) -> std::io::Result<OwnedFd> {
-    match open_event_with(tid, cpu, USE_CLOCKID) {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            MONOTONIC_STAMPS.store(false, Ordering::Relaxed);
-            open_event_with(tid, cpu, 0)
-        }
-        r => r,
-    }
-}
-
-fn open_event_with(tid: i32, cpu: i32, clock: u64) -> std::io::Result<OwnedFd> {
-    let attr = PerfEventAttr {
-        type_: PERF_TYPE_SOFTWARE,
-        size: std::mem::size_of::<PerfEventAttr>() as u32,
-        config: PERF_COUNT_SW_DUMMY,
-        sample_type: PERF_SAMPLE_TID | PERF_SAMPLE_TIME,
-        flags: EXCLUDE_KERNEL | EXCLUDE_HV | TASK | SAMPLE_ID_ALL | CONTEXT_SWITCH | clock,
-        // The clock `clock_gettime` reads, so that a switch can be placed
-        // before or after a read of ours ([`ran_only_after`]).
-        clockid: libc::CLOCK_MONOTONIC,
-        ..Default::default()
-    };
-    // SAFETY: attr is a valid perf_event_attr of the size it states.
-    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, &attr as *const PerfEventAttr, tid, cpu, -1, PERF_FLAG_FD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor, ours alone.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-/// The CPUs a thread may run on: /sys's online list, else 0..N.
-pub(super) fn online_cpus() -> Vec<i32> {
-    if let Some(cpus) = std::fs::read_to_string("/sys/devices/system/cpu/online").ok().and_then(|s| parse_cpu_list(s.trim())) {
-        return cpus;
-    }
-    // SAFETY: sysconf has no preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1);
-    (0..n as i32).collect()
-}
-
-/// "0-3,8,10-11" → [0, 1, 2, 3, 8, 10, 11]; None if malformed or empty.
-fn parse_cpu_list(s: &str) -> Option<Vec<i32>> {
-    let mut cpus = Vec::new();
-    for part in s.split(',') {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (i32, i32) = (a.parse().ok()?, b.parse().ok()?);
-                if b < a || b - a > 65536 {
-                    return None;
-                }
-                cpus.extend(a..=b);
-            }
-            None => cpus.push(part.parse().ok()?),
-        }
-    }
-    (!cpus.is_empty()).then_some(cpus)
-}
-
-#[derive(Debug, PartialEq)]
-pub(super) enum Record {
-    /// `out`: a switch-out; `on_cpu`: running or runnable after it.
-    /// `other`: a CPU-wide switch names the other task too (the one
-    /// switching in after a switch-out, out before a switch-in; 0 is idle).
-    Switch {
-        pid: i32,
-        tid: i32,
-        time: u64,
-        on_cpu: bool,
-        out: bool,
-        other: Option<i32>,
-    },
-    Exit {
-        pid: i32,
-        tid: i32,
-    },
-    Lost {
-        count: u64,
-    },
-}
-
-impl Record {
-    /// Whether a record concerns process `pid` (a loss may).
-    fn is_of(&self, pid: i32) -> bool {
-        match *self {
-            Record::Switch { pid: p, .. } | Record::Exit { pid: p, .. } => p == pid,
-            Record::Lost { .. } => true,
-        }
-    }
-}
-
-/// Hand each whole record between `tail` and `head` (positions that only
-/// grow; the ring holds them modulo its size) to `f`, copying one that
-/// wraps around the end into `scratch`. Returns how far it got: `head`, or
-/// short of it at a record that cannot be (size 0 or past `head`).
-pub(super) fn drain(data: &[u8], mut tail: u64, head: u64, scratch: &mut Vec<u8>, mut f: impl FnMut(&[u8])) -> u64 {
-    let size = data.len() as u64;
-    if size == 0 || head.wrapping_sub(tail) > size {
-        return tail;
-    }
-    while tail < head {
-        let at = (tail % size) as usize;
-        let byte = |i: usize| data[(at + i) % data.len()];
-        let len = u16::from_le_bytes([byte(6), byte(7)]) as u64;
-        if len < 8 || tail + len > head {
-            break;
-        }
-        let len = len as usize;
-        if at + len <= data.len() {
-            f(&data[at..at + len]);
-        } else {
-            scratch.clear();
-            scratch.extend_from_slice(&data[at..]);
-            scratch.extend_from_slice(&data[..len - (data.len() - at)]);
-            f(scratch);
-        }
-        tail += len as u64;
-    }
-    tail
-}
-
-/// One record, as far as run states go; None for the kinds not asked for
-/// or a record too short for its kind.
-pub(super) fn parse(rec: &[u8]) -> Option<Record> {
-    let u32_at = |i: usize| rec.get(i..i + 4).map(|b| u32::from_ne_bytes(b.try_into().unwrap_or_default()));
-    let u64_at = |i: usize| rec.get(i..i + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
-    let kind = u32_at(0)?;
-    let misc = u16::from_ne_bytes([*rec.get(4)?, *rec.get(5)?]);
-    match kind {
-        // A CPU-wide switch adds {next_prev_pid, next_prev_tid}: the other
-        // task of the switch.
-        PERF_RECORD_SWITCH | PERF_RECORD_SWITCH_CPU_WIDE => {
-            // sample_id_all puts {pid, tid} then {time} at the end: the
-            // task switching, in both kinds.
-            let n = rec.len().checked_sub(16).filter(|&n| n >= if kind == PERF_RECORD_SWITCH { 8 } else { 16 })?;
-            let pid = u32_at(n)? as i32;
-            let tid = u32_at(n + 4)? as i32;
-            let time = u64_at(n + 8)?;
-            let out = misc & PERF_RECORD_MISC_SWITCH_OUT != 0;
-            let other = if kind == PERF_RECORD_SWITCH_CPU_WIDE { Some(u32_at(12)? as i32) } else { None };
-            Some(Record::Switch { pid, tid, time, on_cpu: !out || misc & PERF_RECORD_MISC_SWITCH_OUT_PREEMPT != 0, out, other })
-        }
-        // {pid, ppid, tid, ptid, time}, then the sample id.
-        PERF_RECORD_EXIT => Some(Record::Exit { pid: u32_at(8)? as i32, tid: u32_at(16)? as i32 }),
-        // {id, lost}, then the sample id.
-        PERF_RECORD_LOST => Some(Record::Lost { count: u64_at(16)? }),
-        _ => None,
-    }
+    perf_event::monotonic_stamps() && now == ins.wrapping_add(1) && in_time >= t.saturating_add(CLOCK_SLACK_NS)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::{Duration, Instant};
-
-    fn switch(tid: u32, time: u64, misc: u16) -> Vec<u8> {
-        let mut r = Vec::new();
-        r.extend_from_slice(&PERF_RECORD_SWITCH.to_ne_bytes());
-        r.extend_from_slice(&misc.to_ne_bytes());
-        r.extend_from_slice(&24u16.to_ne_bytes());
-        r.extend_from_slice(&7u32.to_ne_bytes());
-        r.extend_from_slice(&tid.to_ne_bytes());
-        r.extend_from_slice(&time.to_ne_bytes());
-        r
-    }
 
     #[test]
     fn a_single_switch_in_after_the_read_does_not_count() {
@@ -799,59 +505,6 @@ mod tests {
         assert!(!ran_only_after(4, t - 1_000, 3, t));
         assert!(!ran_only_after(5, t + 5_000, 3, t));
         assert!(ran_only_after(0, t + CLOCK_SLACK_NS, u32::MAX, t));
-    }
-
-    #[test]
-    fn parses_switches_exits_and_losses() {
-        assert_eq!(parse(&switch(9, 5, 0)), Some(Record::Switch { pid: 7, tid: 9, time: 5, on_cpu: true, out: false, other: None }));
-        assert_eq!(parse(&switch(9, 6, 0x2000)), Some(Record::Switch { pid: 7, tid: 9, time: 6, on_cpu: false, out: true, other: None }));
-        assert_eq!(parse(&switch(9, 7, 0x6000)), Some(Record::Switch { pid: 7, tid: 9, time: 7, on_cpu: true, out: true, other: None }));
-        assert_eq!(parse(&switch(9, 7, 0)[..12]), None);
-        // CPU-wide: the other task of the switch comes first, then the same sample id.
-        let mut wide = switch(9, 8, 0x2000);
-        wide[0..4].copy_from_slice(&PERF_RECORD_SWITCH_CPU_WIDE.to_ne_bytes());
-        wide[6..8].copy_from_slice(&32u16.to_ne_bytes());
-        wide.splice(8..8, [3u32, 4u32].iter().flat_map(|v| v.to_ne_bytes()));
-        assert_eq!(parse(&wide), Some(Record::Switch { pid: 7, tid: 9, time: 8, on_cpu: false, out: true, other: Some(4) }));
-        assert!(parse(&wide).unwrap().is_of(7) && !parse(&wide).unwrap().is_of(3));
-        assert_eq!(parse(&wide[..24]), None);
-        assert_eq!(parse(&[1, 2, 3]), None);
-    }
-
-    #[test]
-    fn drains_records_across_the_end_of_the_ring() {
-        // A 64-byte ring holding two 24-byte records from position 48: the
-        // first runs off the end and goes on at the start.
-        let mut data = vec![0u8; 64];
-        let recs: Vec<Vec<u8>> = (0..2).map(|i| switch(i, 100 + i as u64, 0)).collect();
-        let mut pos = 48usize;
-        for r in &recs {
-            for &b in r {
-                data[pos % 64] = b;
-                pos += 1;
-            }
-        }
-        let mut seen = Vec::new();
-        let mut scratch = Vec::new();
-        let end = drain(&data, 48, 48 + 48, &mut scratch, |r| seen.push(r.to_vec()));
-        assert_eq!(end, 96);
-        assert_eq!(seen, recs);
-        // A record not whole yet is left for the next poll.
-        seen.clear();
-        assert_eq!(drain(&data, 48, 48 + 40, &mut scratch, |r| seen.push(r.to_vec())), 72);
-        assert_eq!(seen, recs[..1]);
-        // Nothing to read, a head too far ahead, a record of size 0: no progress.
-        assert_eq!(drain(&data, 96, 96, &mut scratch, |_| panic!()), 96);
-        assert_eq!(drain(&data, 0, 65, &mut scratch, |_| panic!()), 0);
-        assert_eq!(drain(&[0u8; 64], 0, 24, &mut scratch, |_| panic!()), 0);
-    }
-
-    #[test]
-    fn cpu_lists() {
-        assert_eq!(parse_cpu_list("0-3,8,10-11"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
-        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
-        assert_eq!(parse_cpu_list(""), None);
-        assert_eq!(parse_cpu_list("3-1"), None);
     }
 
     /// Polls until `tid` reads `want`, or fails after a few seconds; then

@@ -142,6 +142,35 @@ pub struct Acquisition {
     pub threads_walked: u64,
     #[serde(default)]
     pub frames_walked: u64,
+    /// `--sampler kernel`: what the capture at the interrupt saw and cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelSampling>,
+}
+
+/// The kernel sampler's counts (`kernel::run::KernelStats`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KernelSampling {
+    pub records: u64,
+    /// Of a thread the tid map did not know yet: not counted as samples.
+    pub unknown_thread: u64,
+    /// Innermost frame caught mid-push: counted for its caller.
+    pub mid_push: u64,
+    /// Not readable even as the caller's stack: not counted.
+    pub torn: u64,
+    /// Chains cut by a page not resident, or by the depth bound: `[truncated]`.
+    pub faults: u64,
+    pub truncated: u64,
+    /// Lost to a full ring buffer.
+    pub lost: u64,
+    /// The CPU time the BPF program spent on the target's CPUs (kernel
+    /// BPF statistics; 0 where they could not be enabled), and its runs.
+    pub program_ns: u64,
+    pub program_runs: u64,
+    /// The longest a record waited in the ring before it was read, µs.
+    pub max_lag_us: u64,
+    /// `--mode gil`: records whose GIL words could not be read (not counted).
+    #[serde(default)]
+    pub gil_unknown: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -10,6 +10,7 @@ pub(crate) mod summary;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use crate::kernel::choose::{SamplerChoice, Wanted, choose};
 use crate::output::{Format, View};
 use crate::profile::aggregate::{AggregateOptions, Aggregator};
 use crate::sampler::{self, Discover, SamplingConfig};
@@ -26,6 +27,8 @@ pub enum RecordTarget {
 
 #[derive(Debug, Clone)]
 pub struct RecordConfig {
+    /// `--sampler`.
+    pub sampler: SamplerChoice,
     pub target: RecordTarget,
     pub sampling: SamplingConfig,
     pub aggregate: AggregateOptions,
@@ -62,17 +65,40 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
     let start_time = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
     let mut agg = Aggregator::new(cfg.aggregate);
     let show_progress = !cfg.quiet && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let (stats, reason) = if show_progress {
-        let mut bar = summary::Bar::new();
-        let r = sampler::run(&mut sessions, &cfg.sampling, &mut agg, &mut bar, discover);
-        bar.clear();
-        r
-    } else {
-        sampler::run(&mut sessions, &cfg.sampling, &mut agg, &mut sampler::NoProgress, discover)
+    let wanted = Wanted {
+        mode: cfg.sampling.mode,
+        rate_hz: cfg.sampling.rate_hz,
+        native: cfg.attach.native.is_some(),
+        asyncio: cfg.attach.asyncio.is_some(),
+        subprocesses: cfg.subprocesses,
+        thread_filter: !cfg.attach.threads.is_all(),
     };
+    let mut kernel = choose(cfg.sampler, &wanted, cfg.quiet);
+    let mut bar = show_progress.then(summary::Bar::new);
+    let progress: &mut dyn sampler::Progress = match bar.as_mut() {
+        Some(b) => b,
+        None => &mut sampler::NoProgress,
+    };
+    let (stats, reason, kernel_stats) = match kernel.as_mut() {
+        Some(k) => {
+            let (s, r, ks) = crate::kernel::run::run(k, &mut sessions, &cfg.sampling, &mut agg, progress)?;
+            (s, r, Some(ks))
+        }
+        None => {
+            let (s, r) = sampler::run(&mut sessions, &cfg.sampling, &mut agg, progress, discover);
+            (s, r, None)
+        }
+    };
+    drop(kernel);
+    if let Some(b) = bar {
+        b.clear();
+    }
 
     let native = cfg.attach.native.is_some();
-    let meta = summary::meta(cfg, &about, &stats, reason, start_time, agg.overflowed, native);
+    let mut meta = summary::meta(cfg, &about, &stats, reason, start_time, agg.overflowed, native);
+    if let Some(ks) = &kernel_stats {
+        meta.sampling = crate::kernel::run::acquisition(ks, &stats);
+    }
     let profile = agg.into_profile(meta);
     let writer = cfg.format.writer_reading(cfg.view, sources);
     pending.commit(|w| writer.write(&profile, w))?;
@@ -80,7 +106,7 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
         extra.commit(|w| format.writer(format.default_view()).write(&profile, w))?;
     }
     if !cfg.quiet {
-        summary::print(cfg, &stats, reason, native);
+        summary::print(cfg, &stats, reason, native, kernel_stats.as_ref());
     }
     match child.as_mut() {
         None => Ok(0),

@@ -139,7 +139,7 @@ fn describe(a: &AcquireCounts) -> String {
 
 /// The summary (two lines: what was written, and what sampling cost the
 /// target), the diagnostics with `-v`, and warnings, on stderr.
-pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, native: bool) {
+pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, native: bool, kernel: Option<&crate::kernel::run::KernelStats>) {
     let errs: Vec<String> = stats.errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
     eprintln!(
         "pyprof: wrote {} ({}): {} samples over {} ticks in {:.2} s, {:.1} Hz achieved of {} asked{}; errors: {}; stopped: {}",
@@ -154,7 +154,10 @@ pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, nativ
         if errs.is_empty() { "none".into() } else { errs.join(", ") },
         reason.describe(),
     );
-    eprintln!("pyprof: {}", cost(&stats.acquire, stats.elapsed, native));
+    match kernel {
+        Some(k) => eprintln!("pyprof: {}", k.describe(stats)),
+        None => eprintln!("pyprof: {}", cost(&stats.acquire, stats.elapsed, native)),
+    }
     if cfg.verbose {
         let mut extra = format!("{}; {:.2} reads/tick", describe(&stats.acquire), stats.syscalls as f64 / stats.ticks.max(1) as f64);
         if stats.skipped > 0 {

@@ -198,9 +198,11 @@ fn rule_half_pushed_frame_is_stepped_until_done() {
     rig.assert_as_reported(&t);
 }
 
-/// A step that has not stopped is left to come when the policy allows: the
-/// snapshot is put off (empty) and finished at the next take, which counts
-/// it once.
+/// A half-done holder frozen on its way to its stop (it left its CPU
+/// first) is left to come when the policy allows: the snapshot is put off
+/// (empty), and at the next take, once it has stopped, it is stepped and
+/// the snapshot counts once. A held one is never left with a step armed
+/// (a tracer that died meanwhile would leave it a fatal SIGTRAP).
 #[test]
 fn rule_step_not_stopped_is_deferred_and_finished_at_the_next_take() {
     let mut rig = Rig::new("pyenv-3.12");
@@ -210,6 +212,8 @@ fn rule_step_not_stopped_is_deferred_and_finished_at_the_next_take() {
     {
         let mut s = rig.fake.script.borrow_mut();
         s.on_step.push((tid, done));
+        s.tracking = true;
+        s.freezes.push(tid);
         s.steps_stop = false;
     }
     let policy = HoldPolicy { may_defer: true, ..HoldPolicy::default() };

@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0
+//
+// pyprof's capture program, run at each tick of a cpu-clock perf event.
+// It knows nothing of any CPython version: user space hands it, per target
+// process, where the current-frame pointer sits in a thread state (through
+// at most one pointer), where `previous` sits in a frame, and how many bytes
+// of each frame to copy. It copies the interrupted thread's frame chain as
+// it is at the interrupt (the thread cannot run meanwhile, and only it
+// writes its own frames) and sends it to user space, which walks the copy
+// with the same code and the same rules as a stop-and-read sample.
+//
+// Build with scripts/build-bpf.sh; the object is committed (src/kernel/bpf/
+// capture.bpf.o) so building pyprof needs no clang.
+
+#include <linux/bpf.h>
+#include <linux/types.h>
+#include <bpf/bpf_helpers.h>
+
+#include "capture.h"
+
+// Frames copied per sample: the walk's bound. User space lowers it so that
+// max_frames * frame_bytes fits the record (>= 256 frames for any layout).
+#define MAX_FRAMES 512
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);           // tgid, as the host sees it
+	__type(value, struct target);
+} TARGETS SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);           // tid, as the host sees it
+	__type(value, __u64);         // its thread state's address
+} THREADS SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 16 << 20);
+} RECORDS SEC(".maps");
+
+// One record being built, per CPU (too large for the BPF stack).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct record);
+} SCRATCH SEC(".maps");
+
+// Per CPU: [0] ticks that hit a target, [1] records lost (ring full).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u64);
+} COUNTS SEC(".maps");
+
+static __always_inline void count(__u32 which)
+{
+	__u64 *c = bpf_map_lookup_elem(&COUNTS, &which);
+	if (c)
+		*c += 1;
+}
+
+static __always_inline __u64 word(__u64 addr, __u16 *flags, __u16 fault)
+{
+	__u64 v = 0;
+	if (addr && bpf_probe_read_user(&v, sizeof(v), (const void *)addr))
+		*flags |= fault;
+	return v;
+}
+
+SEC("perf_event")
+int capture(void *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	struct target *t = bpf_map_lookup_elem(&TARGETS, &tgid);
+	if (!t)
+		return 0;
+	__u32 zero = 0;
+	struct record *r = bpf_map_lookup_elem(&SCRATCH, &zero);
+	if (!r)
+		return 0;
+	count(0);
+	struct header *h = &r->h;
+	h->time_ns = bpf_ktime_get_ns();
+	h->pid = tgid;
+	h->tid = tid;
+	h->cpu = bpf_get_smp_processor_id();
+	h->flags = 0;
+	h->nframes = 0;
+	h->frame = 0;
+	h->gil_locked = 0;
+	h->gil_holder = 0;
+	h->counter = 0;
+	__u32 fb = t->frame_bytes & (MAX_FRAME_BYTES - 8);
+	__u32 prev = t->previous_off & (MAX_FRAME_BYTES - 8);
+	h->frame_bytes = fb;
+	__u64 *ts = bpf_map_lookup_elem(&THREADS, &tid);
+	h->tstate = ts ? *ts : 0;
+	if (!ts) {
+		// A thread user space has not mapped yet: it learns of it here.
+		h->flags |= FLAG_NO_TSTATE;
+		goto send;
+	}
+	__u64 frame = word(*ts + t->frame_off, &h->flags, FLAG_FAULT);
+	if (t->cframe_off != NO_CFRAME && frame)
+		frame = word(frame + t->cframe_off, &h->flags, FLAG_FAULT);
+	h->frame = frame;
+	if (h->flags || fb < 8 || prev + 8 > fb)
+		goto words;
+	__u32 max = t->max_frames;
+	__u32 off = 0;
+	for (__u32 i = 0; i < MAX_FRAMES; i++) {
+		if (!frame)
+			break;
+		if (i >= max || off > RECORD_DATA - MAX_FRAME_BYTES) {
+			h->flags |= FLAG_TRUNCATED;
+			break;
+		}
+		if (bpf_probe_read_user(&r->data[off], fb, (const void *)frame)) {
+			// Not resident: a perf interrupt cannot fault a page in.
+			h->flags |= FLAG_FAULT;
+			break;
+		}
+		frame = *(__u64 *)&r->data[off + prev];
+		off += fb;
+		h->nframes = i + 1;
+	}
+words:
+	// After the frames: the GIL's words and the code-object counter, read
+	// last (see kernel::record for why the counter's order matters).
+	h->gil_locked = word(t->gil_locked, &h->flags, FLAG_WORD_FAULT);
+	h->gil_holder = word(t->gil_holder, &h->flags, FLAG_WORD_FAULT);
+	h->counter = word(t->counter, &h->flags, FLAG_WORD_FAULT);
+send:;
+	__u64 len = sizeof(struct header) + (__u64)h->nframes * fb;
+	if (len > sizeof(struct record))
+		len = sizeof(struct record);
+	if (bpf_ringbuf_output(&RECORDS, r, len, 0))
+		count(1);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";

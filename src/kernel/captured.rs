@@ -1,0 +1,118 @@
+//! A record's frames as [`RemoteMemory`]: the walker reads the copy the
+//! capture program made at the interrupt, never the live process (a frame
+//! the copy lacks is an error, not a later read). Code objects are not
+//! read through it: see `kernel::convert`.
+
+use std::cell::Cell;
+
+use crate::error::{Error, Result};
+use crate::process::memory::{RemoteMemory, field_u64};
+
+use super::record::Header;
+
+#[derive(Default)]
+pub struct Captured {
+    /// (address, offset in `data`) of each frame, innermost first.
+    frames: Vec<(u64, usize)>,
+    data: Vec<u8>,
+    len: usize,
+    /// Where the last lookup found its frame: walks go down the chain in order.
+    hint: Cell<usize>,
+}
+
+impl Captured {
+    /// Take `record`'s frames. A chain the capture cut short (a fault, the
+    /// bound) ends at its last frame: its link is cleared, so a walk stops
+    /// there instead of reading on.
+    pub fn load(&mut self, h: &Header, frames: &[u8], previous_off: usize) {
+        self.len = h.frame_bytes as usize;
+        self.frames.clear();
+        self.data.clear();
+        self.data.extend_from_slice(&frames[..h.nframes as usize * self.len]);
+        self.hint.set(0);
+        let mut addr = h.frame;
+        for i in 0..h.nframes as usize {
+            let at = i * self.len;
+            self.frames.push((addr, at));
+            addr = field_u64(&self.data, at + previous_off);
+        }
+        if h.cut() {
+            if let Some(&(_, at)) = self.frames.last() {
+                self.data[at + previous_off..at + previous_off + 8].fill(0);
+            }
+        }
+    }
+
+    /// The address of the `i`th frame (innermost = 0).
+    pub fn frame(&self, i: usize) -> Option<u64> {
+        self.frames.get(i).map(|f| f.0)
+    }
+
+    fn find(&self, addr: u64) -> Option<usize> {
+        let h = self.hint.get();
+        let at = |i: usize| self.frames.get(i).filter(|f| f.0 <= addr && addr < f.0 + self.len as u64).map(|_| i);
+        let i = at(h).or_else(|| at(h + 1)).or_else(|| (0..self.frames.len()).find(|&i| at(i).is_some()))?;
+        self.hint.set(i);
+        Some(i)
+    }
+}
+
+impl RemoteMemory for Captured {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        let i = self.find(addr).ok_or_else(|| Error::Corrupt(format!("frame at {addr:#x} is not in the capture")))?;
+        let (start, at) = self.frames[i];
+        let from = at + (addr - start) as usize;
+        if (addr - start) as usize + buf.len() > self.len {
+            return Err(Error::Corrupt(format!("read of {} bytes at {addr:#x} runs past the captured frame", buf.len())));
+        }
+        buf.copy_from_slice(&self.data[from..from + buf.len()]);
+        Ok(())
+    }
+
+    /// Every byte was copied at the interrupt: before anything read live.
+    fn read_time(&self, addr: u64, _len: usize) -> (u64, Option<(u64, u64)>) {
+        match self.find(addr) {
+            Some(i) => (0, Some((self.frames[i].0, self.frames[i].0 + self.len as u64))),
+            None => (u64::MAX, None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::record::{FLAG_TRUNCATED, HEADER_LEN};
+
+    fn chain(addrs: &[u64], flags: u16) -> (Header, Vec<u8>) {
+        let mut data = vec![0u8; addrs.len() * 16];
+        for (i, w) in addrs.windows(2).enumerate() {
+            data[i * 16 + 8..i * 16 + 16].copy_from_slice(&w[1].to_le_bytes());
+        }
+        let last = addrs.len() - 1;
+        data[last * 16 + 8..last * 16 + 16].copy_from_slice(&0xdead0u64.to_le_bytes());
+        let h = Header { frame: addrs[0], frame_bytes: 16, nframes: addrs.len() as u16, flags, ..Header::default() };
+        (h, data)
+    }
+
+    #[test]
+    fn serves_the_copy_and_nothing_else() {
+        let (h, data) = chain(&[0x1000, 0x2000, 0x3000], 0);
+        let mut c = Captured::default();
+        c.load(&h, &data, 8);
+        assert_eq!(c.read_u64(0x2008).unwrap(), 0x3000);
+        assert_eq!(c.read_u64(0x3008).unwrap(), 0xdead0, "an uncut chain keeps its last link");
+        assert!(c.read_u64(0x4000).is_err(), "no fallback to anything not copied");
+        assert!(c.read_vec(0x1008, 16).is_err(), "no read past a frame's copy");
+        assert_eq!(c.read_time(0x1000, 16).0, 0);
+        let _ = HEADER_LEN;
+    }
+
+    #[test]
+    fn a_cut_chain_ends_at_its_last_copied_frame() {
+        let (h, data) = chain(&[0x1000, 0x2000], FLAG_TRUNCATED);
+        let mut c = Captured::default();
+        c.load(&h, &data, 8);
+        assert_eq!(c.read_u64(0x2008).unwrap(), 0);
+        assert_eq!(c.frame(1), Some(0x2000));
+    }
+}

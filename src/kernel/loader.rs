@@ -1,0 +1,147 @@
+//! Loading the capture program and attaching it: one software cpu-clock
+//! perf event per online CPU, firing every 1/rate s of CPU time, so a
+//! thread on a CPU is sampled at the rate whichever CPU it runs on, and a
+//! thread off every CPU costs nothing. aya loads it: a pure-Rust loader, so
+//! neither building nor installing pyprof needs a C toolchain or libbpf.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Duration;
+
+use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::PerfEvent;
+use aya::programs::perf_event::{PerfEventScope, PerfTypeId, SamplePolicy, perf_sw_ids};
+use aya::{Ebpf, EbpfLoader};
+
+use super::record::TargetConfig;
+
+/// The program, built by scripts/build-bpf.sh from bpf/capture.bpf.c.
+static OBJECT: &[u8] = aya::include_bytes_aligned!("bpf/capture.bpf.o");
+
+/// Why the kernel sampler cannot run here: said once, and the ptrace
+/// sampler used instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{why}")]
+pub struct Refused {
+    pub why: String,
+}
+
+fn refused(what: &str, e: impl std::fmt::Display) -> Refused {
+    let text = e.to_string();
+    let lower = text.to_lowercase();
+    let hint = if lower.contains("permission") || lower.contains("not permitted") || lower.contains("eperm") {
+        " (needs root, or CAP_BPF and CAP_PERFMON)"
+    } else if lower.contains("not implemented") || lower.contains("invalid argument") {
+        " (needs Linux 5.8 or later with BPF enabled)"
+    } else {
+        ""
+    };
+    Refused { why: format!("{what}: {text}{hint}") }
+}
+
+/// What the program has cost so far, from the kernel's BPF statistics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ProgramCost {
+    /// Runs of the program (every tick of every CPU, target or not).
+    pub runs: u64,
+    pub run_time: Duration,
+    /// Ticks that hit a target thread, and records lost to a full ring.
+    pub hits: u64,
+    pub lost: u64,
+}
+
+pub struct KernelSampler {
+    // Dropping `bpf` detaches every event and frees the maps.
+    bpf: Ebpf,
+    targets: HashMap<MapData, u32, TargetConfig>,
+    threads: HashMap<MapData, u32, u64>,
+    counts: PerCpuArray<MapData, u64>,
+    ring: RingBuf<MapData>,
+    /// Keeps `kernel.bpf_stats_enabled` on while we run (None: refused).
+    _stats: Option<OwnedFd>,
+}
+
+impl KernelSampler {
+    /// Load and attach at `rate_hz` per CPU. Any refusal (no rights, no BPF,
+    /// an old kernel, a verifier that disagrees) is a [`Refused`], never a panic.
+    pub fn open(rate_hz: f64) -> Result<KernelSampler, Refused> {
+        if !(rate_hz.is_finite() && rate_hz > 0.0) {
+            return Err(Refused { why: format!("rate {rate_hz} Hz") });
+        }
+        // Before loading: run times are counted only while stats are on.
+        let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
+        let mut bpf = EbpfLoader::new().load(OBJECT).map_err(|e| refused("loading the BPF program", e))?;
+        let prog: &mut PerfEvent = bpf
+            .program_mut("capture")
+            .ok_or_else(|| Refused { why: "BPF object has no capture program".into() })?
+            .try_into()
+            .map_err(|e| refused("BPF program type", e))?;
+        prog.load().map_err(|e| refused("the kernel refused the BPF program", e))?;
+        let period = ((1e9 / rate_hz).round() as u64).max(10_000);
+        let cpus = aya::util::online_cpus().map_err(|(what, e)| refused(what, e))?;
+        for cpu in cpus {
+            prog.attach(
+                PerfTypeId::Software,
+                perf_sw_ids::PERF_COUNT_SW_CPU_CLOCK as u64,
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Period(period),
+                false,
+            )
+            .map_err(|e| refused(&format!("perf event on CPU {cpu}"), e))?;
+        }
+        let take = |bpf: &mut Ebpf, name: &str| bpf.take_map(name).ok_or_else(|| Refused { why: format!("BPF object has no map {name}") });
+        let targets = HashMap::try_from(take(&mut bpf, "TARGETS")?).map_err(|e| refused("TARGETS", e))?;
+        let threads = HashMap::try_from(take(&mut bpf, "THREADS")?).map_err(|e| refused("THREADS", e))?;
+        let counts = PerCpuArray::try_from(take(&mut bpf, "COUNTS")?).map_err(|e| refused("COUNTS", e))?;
+        let ring = RingBuf::try_from(take(&mut bpf, "RECORDS")?).map_err(|e| refused("RECORDS", e))?;
+        Ok(KernelSampler { bpf, targets, threads, counts, ring, _stats: stats })
+    }
+
+    pub fn set_target(&mut self, pid: u32, cfg: TargetConfig) -> crate::error::Result<()> {
+        self.targets.insert(pid, cfg, 0).map_err(|e| map_error("TARGETS", e))
+    }
+
+    pub fn remove_target(&mut self, pid: u32) {
+        let _ = self.targets.remove(&pid);
+    }
+
+    pub fn set_thread(&mut self, tid: u32, tstate: u64) -> crate::error::Result<()> {
+        self.threads.insert(tid, tstate, 0).map_err(|e| map_error("THREADS", e))
+    }
+
+    pub fn remove_thread(&mut self, tid: u32) {
+        let _ = self.threads.remove(&tid);
+    }
+
+    /// Hand every record waiting in the ring to `f`, without blocking.
+    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
+        let mut n = 0;
+        while let Some(item) = self.ring.next() {
+            f(&item);
+            n += 1;
+        }
+        n
+    }
+
+    /// Wait up to `timeout` for a record to arrive.
+    pub fn wait(&self, timeout: Duration) {
+        let mut pfd = libc::pollfd { fd: self.ring.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut pfd, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
+    }
+
+    pub fn cost(&self) -> ProgramCost {
+        let mut c = ProgramCost::default();
+        if let Some(info) = self.bpf.programs().find_map(|(_, p)| p.info().ok()) {
+            c.runs = info.run_count();
+            c.run_time = info.run_time();
+        }
+        let sum = |i: u32| self.counts.get(&i, 0).map(|v| v.iter().sum::<u64>()).unwrap_or(0);
+        c.hits = sum(0);
+        c.lost = sum(1);
+        c
+    }
+}
+
+fn map_error(map: &str, e: aya::maps::MapError) -> crate::error::Error {
+    crate::error::Error::Corrupt(format!("BPF map {map}: {e}"))
+}

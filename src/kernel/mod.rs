@@ -1,0 +1,21 @@
+//! The kernel sampler: Python stacks copied by an eBPF program at the
+//! sampling interrupt (a cpu-clock perf event per CPU), so nothing is
+//! stopped. The program (`bpf/capture.bpf.c`) knows no CPython version:
+//! it follows one pointer chain with offsets handed in as data and copies
+//! raw frames; user space walks the copy with the same walker and rules as
+//! every other sampler (`convert`).
+//!
+//! Needs Linux 5.8+ (BPF ring buffer; bounded loops 5.3) and root, or
+//! CAP_BPF + CAP_PERFMON. No BTF: the program reads no kernel struct.
+//! Thread ids are the host's (`bpf_get_current_pid_tgid`); a pyprof in a
+//! PID namespace would need `bpf_get_ns_current_pid_tgid` (not done).
+
+pub mod captured;
+pub mod choose;
+pub mod convert;
+pub mod loader;
+pub mod record;
+pub mod run;
+pub mod target;
+
+pub use loader::{KernelSampler, Refused};

@@ -1,0 +1,110 @@
+//! One target process under the kernel sampler: its entry in the
+//! program's TARGETS map, its tids in THREADS (from the thread list read
+//! live, as every sampler reads it), and its [`Converter`].
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::attach::Attached;
+use crate::error::{Error, Result};
+use crate::process::memory::RemoteMemory;
+use crate::python::threads::{ThreadList, ThreadState, find_pthread_tid_offset};
+
+use super::convert::{Converter, target_config};
+use super::loader::KernelSampler;
+
+/// The thread list is read again at least this often (threads that ended
+/// leave the map), and at most this often when records name unknown tids.
+const REFRESH_EVERY: Duration = Duration::from_millis(500);
+const REFRESH_AT_MOST: Duration = Duration::from_millis(5);
+
+pub struct KernelTarget {
+    pub pid: i32,
+    pub converter: Converter,
+    /// tid → thread state, as last put in the map.
+    tids: HashMap<u32, u64>,
+    list: ThreadList,
+    states: Vec<ThreadState>,
+    buf: Vec<u8>,
+    /// ≤ 3.10: where glibc keeps the tid in `struct pthread`.
+    pthread_tid: Option<u64>,
+    refreshed: Option<Instant>,
+    /// A record named a tid the map lacks: read the list again soon.
+    stale: bool,
+}
+
+impl KernelTarget {
+    /// Register `a` with the program. Errors when its frames need more
+    /// bytes than the program copies (no such build is known).
+    pub fn new(k: &mut KernelSampler, a: &Attached) -> Result<KernelTarget> {
+        let o = &a.interp.offsets;
+        // The first interpreter of the list: the main one unless the program made
+        // subinterpreters, whose GIL (3.12+) the capture does not read.
+        let main = a.mem.read_u64(a.interp.runtime + o.runtime.interpreters_head)?;
+        let cfg = target_config(&a.interp, main)
+            .ok_or_else(|| Error::Corrupt(format!("CPython {}'s frames are larger than the kernel sampler copies", o.version)))?;
+        k.set_target(a.target.pid as u32, cfg)?;
+        let mut t = KernelTarget {
+            pid: a.target.pid,
+            converter: Converter::new(&a.interp, main),
+            tids: HashMap::new(),
+            list: ThreadList::default(),
+            states: Vec::new(),
+            buf: Vec::new(),
+            pthread_tid: None,
+            refreshed: None,
+            stale: true,
+        };
+        t.refresh(k, a)?;
+        Ok(t)
+    }
+
+    pub fn note_unknown(&mut self) {
+        self.stale = true;
+    }
+
+    pub fn due(&self) -> bool {
+        match self.refreshed {
+            None => true,
+            Some(t) => t.elapsed() >= REFRESH_EVERY || (self.stale && t.elapsed() >= REFRESH_AT_MOST),
+        }
+    }
+
+    /// Read the thread list and bring the map in line with it.
+    pub fn refresh(&mut self, k: &mut KernelSampler, a: &Attached) -> Result<()> {
+        let o = &a.interp.offsets;
+        self.refreshed = Some(Instant::now());
+        self.list.read(&a.mem, o, a.interp.runtime, &mut self.states, &mut self.buf)?;
+        if o.thread.native_thread_id.is_none() && self.pthread_tid.is_none() {
+            let pthreads: Vec<u64> = self.states.iter().map(|t| t.thread_id).collect();
+            self.pthread_tid = find_pthread_tid_offset(&a.mem, self.pid, &a.target.threads(), &pthreads);
+        }
+        let mut now: HashMap<u32, u64> = HashMap::with_capacity(self.states.len());
+        for ts in &self.states {
+            let tid = ts.native_id.or_else(|| self.pthread_tid.and_then(|off| a.mem.read_u32(ts.thread_id + off).ok().map(u64::from)));
+            if let Some(tid) = tid.filter(|&t| t > 0 && t <= i32::MAX as u64) {
+                now.insert(tid as u32, ts.addr);
+            }
+        }
+        for (&tid, &ts) in &now {
+            if self.tids.get(&tid) != Some(&ts) {
+                k.set_thread(tid, ts)?;
+            }
+        }
+        for tid in self.tids.keys().filter(|t| !now.contains_key(t)) {
+            k.remove_thread(*tid);
+        }
+        self.tids = now;
+        self.stale = false;
+        Ok(())
+    }
+
+    /// Take the target and its threads out of the program's maps.
+    pub fn forget(&mut self, k: &mut KernelSampler) {
+        k.remove_target(self.pid as u32);
+        for tid in self.tids.keys() {
+            k.remove_thread(*tid);
+        }
+        self.tids.clear();
+    }
+}

@@ -1,0 +1,171 @@
+//! The kernel sampler (`--sampler kernel`, src/kernel/) on real processes
+//! of every interpreter of the matrix: it really runs where the kernel and
+//! the rights allow it (as root here and in CI: a refusal fails the test
+//! there), it is exact on a tight call loop at 10 kHz, deep stacks end in
+//! `[truncated]`, a thread started after the recording began is found, and
+//! without the capabilities pyprof says so once and samples with ptrace.
+//! Its short-call accuracy against py-spy is in tests/accuracy.rs.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use pyprof::profile::model::{FrameKind, Profile};
+
+fn read_profile(path: &std::path::Path) -> Profile {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    pyprof::output::json::read(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Every stack, root first, as function names (Python and marker frames).
+fn stacks(p: &Profile) -> Vec<(Vec<String>, u64)> {
+    p.stacks
+        .iter()
+        .map(|s| {
+            let names = s.frames.iter().map(|&f| &p.frames[f as usize]).filter(|f| f.kind == FrameKind::Python).map(|f| f.function.to_string()).collect();
+            (names, s.count)
+        })
+        .collect()
+}
+
+/// `pyprof record --sampler kernel` on `pid`; the profile and stderr.
+fn record_kernel(pid: i32, extra: &[&str], secs: &str, tag: &str) -> (Profile, String) {
+    let out = temp_dir(tag).join("p.json");
+    let pid = pid.to_string();
+    let mut args = vec!["record", "--pid", &pid, "--sampler", "kernel", "-d", secs, "-f", "json", "-o", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let o = pyprof(&args);
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "pyprof record failed: {stderr}");
+    (read_profile(&out), stderr)
+}
+
+/// The kernel sampler ran (not the fallback), or: skipped on a machine
+/// that refuses BPF, a failure in CI.
+fn kernel_ran(p: &Profile, stderr: &str, label: &str) -> bool {
+    if p.meta.sampling.method == "kernel" {
+        assert!(!stderr.contains("kernel sampler not used"), "[{label}] ran and also said it did not: {stderr}");
+        return true;
+    }
+    let msg = format!("[{label}] the kernel sampler did not run: {stderr}");
+    assert!(!in_ci(), "{msg}");
+    skipped(&msg);
+    false
+}
+
+/// A tight loop calling two short functions, sampled at 10 kHz: a frame
+/// push caught halfway must never show as a stack that cannot exist
+/// (g under f, f under g, a callee without `loop` below it), and the
+/// recording must be taken without a stop and with enough samples.
+#[test]
+fn tight_call_loop_at_10khz_gives_only_possible_stacks() {
+    for_each_interpreter(|py| {
+        let target = py.spawn("short_calls.py", &[]);
+        let (p, stderr) = record_kernel(target.pid(), &["--mode", "cpu", "-r", "10000"], "1", "kernel-tight");
+        if !kernel_ran(&p, &stderr, &py.label) {
+            return;
+        }
+        let k = p.meta.sampling.kernel.as_ref().expect("meta.sampling.kernel");
+        let mut total = 0;
+        for (names, n) in stacks(&p) {
+            total += n;
+            let i = names.iter().position(|f| f == "loop").unwrap_or_else(|| panic!("[{}] a stack without loop: {names:?}", py.label));
+            let above = &names[i + 1..];
+            assert!(above.is_empty() || above == ["g"] || above == ["f"], "[{}] impossible stack {names:?} ({n} samples); meta {k:?}", py.label);
+        }
+        assert!(total >= 1000, "[{}] only {total} samples in 1 s at 10 kHz: {stderr}", py.label);
+        assert_eq!(k.torn + k.truncated, 0, "[{}] {k:?}", py.label);
+        eprintln!("kernel: [{}] {total} samples at 10 kHz, {} mid-push counted for the caller", py.label, k.mid_push);
+    });
+}
+
+/// 600 frames deep, past the bound for every layout (512 frames, fewer
+/// where frames are large: 291 for 3.8's frame objects, never under 256):
+/// the stack is kept to the bound, ends in `[truncated]` at its root end,
+/// and the cut is counted.
+#[test]
+fn deep_stack_is_cut_at_the_bound_and_marked() {
+    for_each_interpreter(|py| {
+        let target = py.spawn("kernel_cases.py", &["deep", "600"]);
+        let (p, stderr) = record_kernel(target.pid(), &["--mode", "cpu", "-r", "200"], "0.5", "kernel-deep");
+        if !kernel_ran(&p, &stderr, &py.label) {
+            return;
+        }
+        let k = p.meta.sampling.kernel.as_ref().unwrap();
+        let all = stacks(&p);
+        assert!(!all.is_empty(), "[{}] no samples: {stderr}", py.label);
+        for (names, n) in &all {
+            assert_eq!(names.first().map(String::as_str), Some("[truncated]"), "[{}] {n} samples not marked: {names:?}", py.label);
+            let downs = names.iter().filter(|f| *f == "down").count();
+            assert!(downs >= 256, "[{}] only {downs} of 600 frames kept: {names:?}", py.label);
+        }
+        assert!(k.truncated > 0, "[{}] cut not counted: {k:?}", py.label);
+    });
+}
+
+/// A thread started half a second into the recording is sampled: its tid
+/// is mapped once the capture reports it (or the next list read finds it).
+#[test]
+fn thread_started_during_the_recording_is_sampled() {
+    for_each_interpreter(|py| {
+        let target = py.spawn("kernel_cases.py", &["late"]);
+        let (p, stderr) = record_kernel(target.pid(), &["--mode", "cpu", "-r", "500"], "1.5", "kernel-late");
+        if !kernel_ran(&p, &stderr, &py.label) {
+            return;
+        }
+        let late: u64 = stacks(&p).iter().filter(|(s, _)| s.iter().any(|f| f == "late_worker")).map(|(_, n)| n).sum();
+        // 1 s of one spinning thread at 500 Hz: 500 samples of CPU time on
+        // an idle machine, a fifth of that on this one under builds.
+        assert!(late >= 20, "[{}] only {late} samples of the late thread: {stderr}", py.label);
+    });
+}
+
+/// Without CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN (kept: CAP_SYS_PTRACE)
+/// the kernel refuses the program: pyprof says why once and records with
+/// the ptrace sampler, exactly as it does by default.
+#[test]
+fn without_the_capabilities_it_falls_back_to_ptrace_and_says_so_once() {
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        assert!(!in_ci(), "setpriv (util-linux) is missing");
+        skipped("setpriv is missing");
+        return;
+    }
+    for_each_interpreter(|py| {
+        let target = py.spawn("short_calls.py", &[]);
+        let out = temp_dir("kernel-fallback").join("p.json");
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--inh-caps=-bpf,-perfmon,-sys_admin", "--bounding-set=-bpf,-perfmon,-sys_admin", "--"])
+            .arg(pyprof_bin())
+            .args(["record", "--pid", &target.pid().to_string(), "--sampler", "auto", "--mode", "cpu", "-r", "500", "-d", "0.5", "-f", "json", "-o"])
+            .arg(&out)
+            .env_remove("PYPROF_RUNTIME_METHOD");
+        let o = output_within(cmd, Duration::from_secs(60));
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "[{}] {stderr}", py.label);
+        assert_eq!(stderr.matches("kernel sampler not used").count(), 1, "[{}] not said once: {stderr}", py.label);
+        let p = read_profile(&out);
+        assert_eq!(p.meta.sampling.method, "exact", "[{}] {stderr}", py.label);
+        let loops: u64 = stacks(&p).iter().filter(|(s, _)| s.iter().any(|f| f == "loop")).map(|(_, n)| n).sum();
+        assert!(loops >= 50, "[{}] only {loops} samples in loop: {stderr}", py.label);
+    });
+}
+
+/// The committed object is what scripts/build-bpf.sh makes of the source
+/// (so nobody edits the C and forgets the object, or the reverse).
+#[test]
+fn committed_bpf_object_matches_its_source() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    if Command::new("clang").arg("--version").output().is_err() {
+        assert!(!in_ci(), "clang is missing (scripts/setup-fixtures.sh installs it)");
+        skipped("clang is missing: the BPF object's build is not checked");
+        return;
+    }
+    let out = temp_dir("bpf-build").join("capture.bpf.o");
+    let o = Command::new(root.join("scripts/build-bpf.sh")).arg(&out).output().expect("run build-bpf.sh");
+    assert!(o.status.success(), "build-bpf.sh failed: {}", String::from_utf8_lossy(&o.stderr));
+    let built = std::fs::read(&out).unwrap();
+    let committed = std::fs::read(root.join("src/kernel/bpf/capture.bpf.o")).unwrap();
+    assert!(built == committed, "src/kernel/bpf/capture.bpf.o is not what scripts/build-bpf.sh builds from capture.bpf.c: run it and commit the object");
+}
