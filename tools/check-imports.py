@@ -21,6 +21,7 @@ NEVER = [
     ("python", "acquire", "python/ walks what it is handed, however the instant was made"),
     ("python", "session", "python/ knows no session"),
     ("python", "native", "python/ knows nothing of C stacks"),
+    ("python", "kernel", "python/ walks what it is handed, however the instant was made"),
     ("process", "acquire", "process/ is the target as the kernel shows it; deciding instants is above it"),
     ("process", "python", "process/ knows no CPython"),
     ("stack", "acquire", "the sampled stack is shared by readers and consumers"),
