@@ -277,11 +277,12 @@ pub struct RecordArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
-    /// How stacks are taken. kernel: copied by an eBPF program at the
-    /// sampling interrupt, nothing stopped (root or CAP_BPF+CAP_PERFMON;
-    /// --mode cpu and gil); ptrace: the GIL holder stopped for each read;
+    /// How stacks are taken. ptrace (the default): the GIL holder stopped
+    /// for each read; kernel: copied by an eBPF program at the sampling
+    /// interrupt, nothing stopped (root or CAP_BPF+CAP_PERFMON; --mode cpu
+    /// and gil; its accuracy is not yet within 2 pp on every interpreter);
     /// nonblocking: as --nonblocking; auto: kernel where it can, else ptrace.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value = "ptrace")]
     pub sampler: SamplerArg,
 
     /// After the summary, how each snapshot was made one instant, counted.
