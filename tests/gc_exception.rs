@@ -66,7 +66,8 @@ fn gc_share_matches_gc_callbacks_and_no_gc_leaves_it_out() {
             let target = py.spawn("gc_cycles.py", &[if no_gc { "1" } else { "3" }]);
             let out_path = dir.join(format!("p{no_gc}.json"));
             let pid = target.pid().to_string();
-            let mut args = vec!["--pid", &pid, "-r", "1k", "-o", out_path.to_str().unwrap()];
+            // -v: the share of <GC> samples is one of the diagnostics.
+            let mut args = vec!["--pid", &pid, "-r", "1k", "-v", "-o", out_path.to_str().unwrap()];
             if no_gc {
                 args.push("--no-gc");
             }
