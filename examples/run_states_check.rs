@@ -29,7 +29,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    println!("opened for {} threads in {:.1} ms", rs.stats().threads, started.elapsed().as_secs_f64() * 1e3);
+    println!("opened for {} threads in {:.1} ms", rs.threads(), started.elapsed().as_secs_f64() * 1e3);
     let (mut asked, mut tracker_r, mut proc_r) = (0u64, 0u64, 0u64);
     // (tracker, /proc) pairs that differ, by kind.
     let mut differ: std::collections::BTreeMap<(char, char), u64> = Default::default();
@@ -70,6 +70,6 @@ fn main() {
         "poll {:.1} µs a tick, {:.0} ns an answer; {:?}",
         poll_time.as_secs_f64() * 1e6 / ticks as f64,
         ask_time.as_secs_f64() * 1e9 / asked.max(1) as f64,
-        rs.stats()
+        rs.take_counts()
     );
 }

@@ -194,7 +194,7 @@ pub fn snapshot(session: &mut Session) -> Result<Vec<ThreadStack>> {
     let started = std::time::Instant::now();
     let mut tries = 0;
     loop {
-        match session.snapshot_alone(SnapshotNeeds::ALL) {
+        match session.snapshot_alone(SnapshotNeeds::ALL).map(|t| t.threads) {
             Ok(s) if !s.iter().any(|t| t.torn) || started.elapsed() >= RETRY_FOR => return Ok(s),
             Ok(s) => session.recycle(s),
             Err(e) if e.is_transient() && started.elapsed() < RETRY_FOR => {}

@@ -10,14 +10,11 @@ use crate::acquire::stop_all::StopAll;
 use crate::acquire::{self, Acquirer, HoldPolicy, Taken};
 use crate::attach::{Attached, attach, attach_fork_child};
 use crate::binary::runtime::Method;
+use crate::counts::Counters;
 use crate::error::Result;
-use crate::native::NativeStats;
 use crate::native::layer::NativeLayer;
-use crate::process::prefetch::PrefetchStats;
-use crate::python::asyncio::TaskStats;
-use crate::python::code::CodeCacheStats;
 pub use crate::python::snapshot::SnapshotNeeds;
-use crate::python::snapshot::{Snapshotter, WalkStats};
+use crate::python::snapshot::Snapshotter;
 use crate::stack::{Frame, FrameKind, ThreadStack};
 
 /// See [`Session::exec_seen`].
@@ -73,6 +70,8 @@ pub struct Session {
     run_states_refused: Option<String>,
     /// Snapshots taken so far (counted to [`COLD_SNAPSHOTS`]).
     snapshots: u32,
+    /// The reader's syscalls and bytes already handed over in counts.
+    mem_seen: (u64, u64),
 }
 
 /// A session's first snapshots stop its GIL holder before any of its
@@ -146,6 +145,7 @@ impl Session {
             exec_watch: None,
             run_states_refused: None,
             snapshots: 0,
+            mem_seen: (0, 0),
         })
     }
 
@@ -202,47 +202,37 @@ impl Session {
         &self.attached
     }
 
-    pub fn code_cache_stats(&self) -> CodeCacheStats {
-        self.python.code_cache_stats()
-    }
-
-    /// Thread lists followed from a remembered head (see `python::threads::ThreadList`).
-    pub fn threads_by_head(&self) -> u64 {
-        self.python.threads_by_head()
-    }
-
-    pub fn prefetch_stats(&self) -> PrefetchStats {
-        self.python.prefetch_stats()
-    }
-
-    /// How many thread stacks and frames this session has walked.
-    pub fn walk_stats(&self) -> WalkStats {
-        self.python.walk_stats()
-    }
-
-    /// `--native`: merge outcomes and pauses so far.
-    pub fn native_stats(&self) -> Option<&NativeStats> {
-        self.native.as_ref().map(|n| &n.state.stats)
-    }
-
     /// `--native`: what the symbolizers ignored and why (bad perf maps, jitdumps).
     pub fn native_warnings(&self) -> &[String] {
         self.native.as_ref().map_or(&[], |n| &n.state.warnings)
     }
 
-    /// `--mode cpu`: how thread states were learned (context switches, or
-    /// /proc and why); None when they were not asked for at every tick.
-    pub fn run_states(&self) -> Option<Result<crate::process::run_states::RunStatesStats, String>> {
-        match (&self.run_states_refused, self.attached.target.run_states_stats()) {
+    /// `--mode cpu`: how thread states were learned: from context switches
+    /// (`Ok(one event per CPU)`), or from /proc and why; None when they
+    /// were not asked for at every tick.
+    pub fn run_states(&self) -> Option<Result<bool, String>> {
+        match (&self.run_states_refused, self.attached.target.run_states_followed()) {
             (Some(why), _) => Some(Err(why.clone())),
-            (None, Some(s)) => Some(Ok(s)),
+            (None, Some(wide)) => Some(Ok(wide)),
             (None, None) => None,
         }
     }
 
-    /// `--async` counts so far.
-    pub fn task_stats(&self) -> Option<TaskStats> {
-        self.python.task_stats()
+    /// What this session counted and has not handed over with a snapshot
+    /// yet: the walks of a snapshot that failed, and what its readers did
+    /// since. A session that ends hands this over last.
+    pub fn take_counts(&mut self) -> Counters {
+        let mut c = self.python.take_counts();
+        if let Some(n) = self.native.as_mut() {
+            c += n.state.counts.take();
+        }
+        c += self.attached.target.take_run_states_counts();
+        let mem = &self.attached.mem;
+        let (syscalls, bytes) = (mem.syscalls(), mem.bytes_read());
+        c.syscalls += syscalls - self.mem_seen.0;
+        c.bytes_read += bytes - self.mem_seen.1;
+        self.mem_seen = (syscalls, bytes);
+        c
     }
 
     /// Whether this session's stacks get `<GC>` frames (asked for, and the
@@ -293,13 +283,13 @@ impl Session {
                 t.frames.insert(0, gc.clone());
             }
         }
+        taken.counts += self.take_counts();
         Ok(taken)
     }
 
-    /// One snapshot taken on its own (`dump`): never put off, and its
-    /// counts are not kept.
-    pub fn snapshot_alone(&mut self, needs: SnapshotNeeds) -> Result<Vec<ThreadStack>> {
-        self.snapshot(needs, HoldPolicy::default()).map(|t| t.threads)
+    /// One snapshot taken on its own (`dump`, tests): never put off.
+    pub fn snapshot_alone(&mut self, needs: SnapshotNeeds) -> Result<Taken> {
+        self.snapshot(needs, HoldPolicy::default())
     }
 
     /// Whether a snapshot put off holds threads of this session, which only

@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use pyprof::counts::Counters;
 use pyprof::profile::model::Profile;
 use pyprof::session::SessionOptions;
 use pyprof::session::{Session, SnapshotNeeds};
@@ -20,17 +21,20 @@ fn attach(py: &Interpreter, script: &str) -> (TargetProcess, Session) {
 
 /// Take `n` snapshots, hand each main thread's frames (innermost first) to
 /// `check`, and return how many succeeded (a torn one is simply skipped).
-fn snapshots(s: &mut Session, n: usize, mut check: impl FnMut(&[Frame])) -> u64 {
+/// `n` snapshots: how many succeeded, and what the code cache counted in them.
+fn snapshots(s: &mut Session, n: usize, mut check: impl FnMut(&[Frame])) -> (u64, Counters) {
     let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false, holders_only: false };
-    let mut ok = 0;
+    let (mut ok, mut counts) = (0, Counters::default());
     for _ in 0..n {
         if let Ok(t) = s.snapshot_alone(needs) {
-            check(&t[0].frames);
+            check(&t.threads[0].frames);
             ok += 1;
-            s.recycle(t);
+            counts += t.counts;
+            s.recycle(t.threads);
         }
     }
-    ok
+    counts += s.take_counts();
+    (ok, counts)
 }
 
 /// `code_churn.py` makes a new code object `f_K` every round, mostly at the
@@ -90,11 +94,9 @@ fn code_counters_replace_code_reads_on_3_12_and_later() {
         let (_target, mut s) = attach(py, "deep_spin.py");
         let check = |f: &[Frame]| assert!(f.iter().filter(|f| &*f.function == "down").count() == 21, "{}: {f:?}", py.label);
         snapshots(&mut s, 100, check);
-        let a = s.code_cache_stats();
-        let ok = snapshots(&mut s, 200, check);
+        let (ok, b) = snapshots(&mut s, 200, check);
         assert!(ok > 150, "{}: {ok} of 200 snapshots", py.label);
-        let b = s.code_cache_stats();
-        let (gen_hits, reads) = (b.generation_hits - a.generation_hits, b.reads - a.reads);
+        let (gen_hits, reads) = (b.code_generation_hits, b.code_reads);
         if py.minor >= 12 {
             assert!(gen_hits >= 2 * ok && reads < 20, "{}: {gen_hits} generation hits, {reads} reads in {ok} snapshots", py.label);
         } else {
@@ -141,22 +143,21 @@ fn the_code_version_counter_is_where_pyprof_looks() {
 fn names_compiled_into_the_interpreter_are_not_read() {
     for_each_interpreter(|py| {
         let (_target, mut s) = attach(py, "deep_spin.py");
-        let ok = snapshots(&mut s, 200, |f| assert_eq!(f.last().map(|f| &*f.function), Some("<module>"), "{}: {f:?}", py.label));
+        let (ok, st) = snapshots(&mut s, 200, |f| assert_eq!(f.last().map(|f| &*f.function), Some("<module>"), "{}: {f:?}", py.label));
         assert!(ok > 100, "{}: {ok} of 200 snapshots", py.label);
-        let st = s.code_cache_stats();
-        let heap = st.name_checks - st.static_names;
+        let heap = st.code_name_checks - st.code_static_names;
         if py.minor == 11 {
             // <module> by address; down (and busy, when the target is
             // caught in it) by their strings; the first snapshot makes the
             // entries instead of checking them.
             assert!(
-                st.static_names + 1 >= ok && heap + 1 >= ok,
+                st.code_static_names + 1 >= ok && heap + 1 >= ok,
                 "{}: {} static, {heap} heap name checks in {ok} snapshots ({st:?})",
                 py.label,
-                st.static_names
+                st.code_static_names
             );
         } else {
-            assert_eq!(st.static_names, 0, "{}", py.label);
+            assert_eq!(st.code_static_names, 0, "{}", py.label);
         }
     });
 }
@@ -171,12 +172,12 @@ fn names_compiled_into_the_interpreter_are_not_read() {
 fn code_compiled_into_the_interpreter_is_read_once() {
     for_each_interpreter(|py| {
         let (_target, mut s) = attach(py, "via_runpy.py");
-        let ok = snapshots(&mut s, 200, |f| {
+        let (ok, counts) = snapshots(&mut s, 200, |f| {
             let names: Vec<&str> = f.iter().rev().map(|f| &*f.function).take(5).collect();
             assert_eq!(names, ["<module>", "run_path", "_run_module_code", "_run_code", "<module>"], "{}", py.label);
         });
         assert!(ok > 100, "{}: {ok} of 200 snapshots", py.label);
-        let hits = s.code_cache_stats().static_hits;
+        let hits = counts.code_static_hits;
         if py.minor == 11 || py.minor == 12 {
             assert!(hits + 3 >= 3 * ok, "{}: {hits} static hits in {ok} snapshots", py.label);
         } else {

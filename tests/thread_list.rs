@@ -24,10 +24,13 @@ fn exited_threads_never_come_back() {
         let mut s = Session::attach(pid, &SessionOptions::default()).unwrap_or_else(|e| panic!("{}: attach: {e}", py.label));
         let needs = SnapshotNeeds { gil: false, on_cpu: false, names: false, stop_running_only: false, holders_only: false };
         let (mut snapshots, mut with_worker, mut seen) = (0u64, 0u64, std::collections::BTreeSet::new());
+        let mut counts = pyprof::counts::Counters::default();
         let mut gone: Vec<u64> = Vec::new();
         let end = Instant::now() + Duration::from_secs(1);
         while Instant::now() < end {
-            let Ok(t) = s.snapshot_alone(needs) else { continue };
+            let Ok(taken) = s.snapshot_alone(needs) else { continue };
+            counts += taken.counts;
+            let t = taken.threads;
             snapshots += 1;
             // A thread state made for a thread not yet started has no tid (0).
             let workers: Vec<u64> = t.iter().filter_map(|th| th.native_id).filter(|&id| id != pid as u64 && id != 0).collect();
@@ -52,13 +55,14 @@ fn exited_threads_never_come_back() {
         assert!(seen.len() >= 5 && with_worker * 10 >= snapshots, "{}: {} workers seen, in {with_worker} of {snapshots} snapshots", py.label, seen.len());
         // A snapshot that carried the stacks over (the GIL proved nobody but
         // its holder ran) read no list at all: it skipped the pointer too.
-        let skipped = s.threads_by_head() + s.walk_stats().carried_ticks;
+        counts += s.take_counts();
+        let skipped = counts.lists_by_head + counts.carried_ticks;
         assert!(
             skipped * 2 >= snapshots,
             "{}: {} of {snapshots} by the remembered head, {} carried over",
             py.label,
-            s.threads_by_head(),
-            s.walk_stats().carried_ticks
+            counts.lists_by_head,
+            counts.carried_ticks
         );
     });
 }

@@ -31,7 +31,7 @@ use std::time::Duration;
 use super::live::{Held, Live, Process};
 use super::ptrace::{STOP_TIMEOUT, Stopped};
 use super::steps::Steps;
-use super::{AcquireCounts, Acquirer, HoldPolicy, Taken, WhileHeld};
+use super::{Acquirer, Counters, HoldPolicy, Taken, WhileHeld};
 use crate::attach::Attached;
 use crate::error::Result;
 use crate::python::gil::{GilState, GilWords, gil_words, read_gils};
@@ -78,7 +78,7 @@ pub struct ExactOn<H> {
     /// the same, only that holder can have run Python since.
     proof: Option<(u64, u64)>,
     /// This snapshot's counts so far, returned with it.
-    counts: AcquireCounts,
+    counts: Counters,
     /// What the caller allows this snapshot (see [`HoldPolicy`]).
     policy: HoldPolicy,
     pending: Option<Pending<H>>,
@@ -102,7 +102,7 @@ impl<H> Default for ExactOn<H> {
             must_stop: Vec::new(),
             solo: false,
             proof: None,
-            counts: AcquireCounts::default(),
+            counts: Counters::default(),
             policy: HoldPolicy::default(),
             pending: None,
         }
@@ -499,7 +499,7 @@ impl<H: Held> ExactOn<H> {
                 }
                 self.proof = proof;
                 self.counts.pause += held;
-                self.counts.pause_max = self.counts.pause_max.max(held);
+                self.counts.pause_max.note(held);
                 // Next tick may skip reading the GIL first if this one held
                 // it and is the only Python thread (the GIL words read
                 // here, or checked unchanged, say it is held). Thread states,

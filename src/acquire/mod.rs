@@ -33,7 +33,7 @@ use crate::error::Result;
 use crate::python::snapshot::{SnapshotNeeds, Snapshotter};
 use crate::stack::{Regs, ThreadStack};
 
-pub use crate::counts::AcquireCounts;
+pub use crate::counts::Counters;
 
 /// What an acquirer may do while it takes one snapshot: decided by the
 /// sampling loop, which knows how many processes share the tick and which
@@ -58,11 +58,12 @@ pub struct HoldPolicy {
 /// One snapshot as an acquirer took it.
 pub struct Taken {
     /// Every thread's stack, innermost frame first; empty when the snapshot
-    /// was put off to a later tick ([`AcquireCounts::deferred`]).
+    /// was put off to a later tick ([`Counters::deferred`]).
     pub threads: Vec<ThreadStack>,
-    /// How this snapshot was made one instant, and what it held: one
-    /// snapshot's counts, which the caller adds up.
-    pub counts: AcquireCounts,
+    /// What taking it did: how it was made one instant, what it held, and
+    /// (once the session adds them) what the walk read. One snapshot's
+    /// counts, which the caller adds up.
+    pub counts: Counters,
 }
 
 /// Called once for every thread whose registers an acquirer holds, while

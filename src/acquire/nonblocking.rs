@@ -4,7 +4,7 @@
 //! verifies would let the stacks choose the instant.
 
 use super::live::{Live, Process};
-use super::{AcquireCounts, Acquirer, HoldPolicy, Taken, WhileHeld};
+use super::{Acquirer, Counters, HoldPolicy, Taken, WhileHeld};
 use crate::attach::Attached;
 use crate::error::Result;
 use crate::python::snapshot::{Check, SnapshotNeeds, Snapshotter};
@@ -23,6 +23,6 @@ impl Nonblocking {
         let src = live.source();
         let threads = python.snapshot(src, needs, Check::LOCK_FREE)?;
         let torn = threads.iter().filter(|t| t.torn).count() as u64;
-        Ok(Taken { threads, counts: AcquireCounts { lock_free: 1, torn, ..AcquireCounts::default() } })
+        Ok(Taken { threads, counts: Counters { lock_free: 1, torn, ..Counters::default() } })
     }
 }

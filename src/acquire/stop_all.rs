@@ -4,7 +4,7 @@
 
 use super::ptrace::Stopped;
 use super::steps::Steps;
-use super::{AcquireCounts, Acquirer, HoldPolicy, Taken, WhileHeld};
+use super::{Acquirer, Counters, HoldPolicy, Taken, WhileHeld};
 use crate::attach::Attached;
 use crate::error::Result;
 use crate::python::snapshot::{Check, SnapshotNeeds, Snapshotter, Source};
@@ -32,12 +32,12 @@ impl Acquirer for StopAll {
         }
         let mut stopped = Stopped::none(pid, policy);
         stopped.add(&stop, true)?;
-        let mut counts = AcquireCounts { stopped: 1, ..AcquireCounts::default() };
+        let mut counts = Counters { stopped: 1, ..Counters::default() };
         let src = Source { mem: &a.mem, interp: &a.interp, target: Some(&a.target) };
         let walk = |python: &mut Snapshotter| python.snapshot(src, SnapshotNeeds { on_cpu: false, ..needs }, Check::LOCK_FREE);
-        let held = |stopped: &Stopped, mut counts: AcquireCounts| {
+        let held = |stopped: &Stopped, mut counts: Counters| {
             counts.pause = stopped.held();
-            counts.pause_max = counts.pause;
+            counts.pause_max = crate::counts::Longest(counts.pause);
             counts
         };
         let mut threads = walk(python)?;

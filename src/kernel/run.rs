@@ -164,7 +164,9 @@ pub fn run(
     ks.counts.program_runs = ks.program.runs;
     stats.elapsed = start.elapsed();
     stats.ticks = per_thread.values().copied().max().unwrap_or(0);
-    stats.syscalls = sessions.iter().map(|s| s.attached().mem.syscalls()).sum();
+    for s in sessions.iter_mut() {
+        stats.counts += s.take_counts();
+    }
     Ok((stats, reason, ks))
 }
 
@@ -192,5 +194,5 @@ impl KernelStats {
 
 /// `meta.sampling` for a kernel-sampled recording.
 pub fn acquisition(k: &KernelStats, stats: &SamplerStats) -> crate::profile::model::Acquisition {
-    crate::profile::model::Acquisition { method: "kernel".into(), bytes_read: stats.cost.bytes_read, kernel: Some(k.counts.clone()), ..Default::default() }
+    crate::profile::model::Acquisition { method: "kernel".into(), bytes_read: stats.counts.bytes_read, kernel: Some(k.counts.clone()), ..Default::default() }
 }

@@ -48,17 +48,17 @@ impl NativeLayer {
         }
         let mut merged = Vec::new();
         for (i, t) in threads.iter_mut().enumerate() {
-            self.state.stats.stacks += 1;
+            self.state.counts.native_stacks += 1;
             let (raw, complete, had_regs) = &self.raw[i];
             if !had_regs {
-                self.state.stats.no_registers += 1;
+                self.state.counts.native_no_registers += 1;
                 continue;
             }
             self.state.symbolize(raw, &mut self.frames);
             match merge::merge(&self.frames, *complete, &t.frames, python.groups(i), &mut merged) {
-                merge::Outcome::Merged => self.state.stats.merged += 1,
-                merge::Outcome::Truncated => self.state.stats.truncated += 1,
-                merge::Outcome::Unmerged => self.state.stats.unmerged += 1,
+                merge::Outcome::Merged => self.state.counts.native_merged += 1,
+                merge::Outcome::Truncated => self.state.counts.native_truncated += 1,
+                merge::Outcome::Unmerged => self.state.counts.native_unmerged += 1,
             }
             std::mem::swap(&mut t.frames, &mut merged);
         }

@@ -47,39 +47,6 @@ pub struct NativeOptions {
     pub debug: symbols::DebugSearch,
 }
 
-#[derive(Debug, Default, Clone, Copy)]
-pub struct NativeStats {
-    pub stacks: u64,
-    pub merged: u64,
-    pub truncated: u64,
-    pub unmerged: u64,
-    /// Samples whose thread could not be stopped in time (no native frames).
-    pub no_registers: u64,
-}
-
-impl NativeStats {
-    pub fn add(&mut self, o: &NativeStats) {
-        self.stacks += o.stacks;
-        self.merged += o.merged;
-        self.truncated += o.truncated;
-        self.unmerged += o.unmerged;
-        self.no_registers += o.no_registers;
-    }
-
-    /// One line for the record summary.
-    pub fn describe(&self) -> String {
-        let pct = |n: u64| if self.stacks == 0 { 0.0 } else { 100.0 * n as f64 / self.stacks as f64 };
-        format!(
-            "native: {} stacks, {:.1}% merged, {:.1}% truncated, {:.1}% not merged, {} without registers",
-            self.stacks,
-            pct(self.merged),
-            pct(self.truncated),
-            pct(self.unmerged),
-            self.no_registers,
-        )
-    }
-}
-
 #[derive(Clone)]
 struct Named {
     function: Arc<str>,
@@ -111,7 +78,8 @@ pub struct NativeState {
     uid: Option<u32>,
     ns_pid: i32,
     pub warnings: Vec<String>,
-    pub stats: NativeStats,
+    /// Merge outcomes, until handed over.
+    pub counts: crate::counts::Counters,
 }
 
 /// Lazily read stack memory of one stopped thread, block by block. The
@@ -203,7 +171,7 @@ impl NativeState {
             uid: None,
             ns_pid: 0,
             warnings: Vec::new(),
-            stats: NativeStats::default(),
+            counts: Default::default(),
         }
     }
 

@@ -180,11 +180,16 @@ impl Target {
         self.track_holders() && self.shared_holders.get()
     }
 
-    /// What the context-switch tracker has done, if it runs.
-    /// Only of a tracker that keeps states (`--mode cpu`): the one exact
-    /// sampling makes for GIL holders reports through `freeze`'s counts.
-    pub fn run_states_stats(&self) -> Option<run_states::RunStatesStats> {
-        self.run_states.borrow().as_ref().filter(|rs| rs.keeps_states()).map(|rs| rs.stats())
+    /// Whether a context-switch tracker that keeps states (`--mode cpu`)
+    /// runs, and if so whether by one event per CPU. The one exact sampling
+    /// makes for GIL holders is not one: it counts nothing of its own.
+    pub fn run_states_followed(&self) -> Option<bool> {
+        self.run_states.borrow().as_ref().filter(|rs| rs.keeps_states()).map(|rs| rs.cpu_wide())
+    }
+
+    /// What the state-keeping tracker counted since the last call.
+    pub fn take_run_states_counts(&self) -> crate::counts::Counters {
+        self.run_states.borrow_mut().as_mut().filter(|rs| rs.keeps_states()).map(|rs| rs.take_counts()).unwrap_or_default()
     }
 
     pub fn is_alive(&self) -> bool {

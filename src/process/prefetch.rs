@@ -20,6 +20,7 @@
 
 use std::cell::{Cell, RefCell};
 
+use crate::counts::Counters;
 use crate::error::Result;
 use crate::process::memory::{RemoteMemory, field_u64};
 
@@ -120,12 +121,6 @@ pub struct Prefetcher {
     ranges: Vec<(u64, usize)>,
     /// The reader's syscall count after this sample's first call.
     first_call: Cell<u64>,
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-pub struct PrefetchStats {
-    pub hits: u64,
-    pub misses: u64,
 }
 
 impl Prefetcher {
@@ -317,9 +312,10 @@ impl Prefetcher {
         SampleView { pf: self, mem, phase: Phase::Stack, fresh: false }
     }
 
-    pub fn stats(&self) -> PrefetchStats {
-        let st = self.state.borrow();
-        PrefetchStats { hits: st.hits, misses: st.misses }
+    /// Hits and misses since the last call, handed over.
+    pub fn take_counts(&self) -> Counters {
+        let mut st = self.state.borrow_mut();
+        Counters { prefetch_hits: std::mem::take(&mut st.hits), prefetch_misses: std::mem::take(&mut st.misses), ..Counters::default() }
     }
 }
 
@@ -422,9 +418,9 @@ mod tests {
         let out = addrs
             .iter()
             .map(|&a| {
-                let before = pf.stats().hits;
+                pf.take_counts();
                 let v = pf.view(mem).read_u64(a).unwrap();
-                (v, pf.stats().hits > before)
+                (v, pf.take_counts().prefetch_hits > 0)
             })
             .collect();
         pf.end();

@@ -45,6 +45,7 @@
 //! full ring) make the tracker re-read every thread from `/proc` once.
 
 // Asked for every thread at every tick in `--mode cpu`: a cheap hash, not SipHash.
+use crate::counts::Counters;
 use rustc_hash::FxHashMap as HashMap;
 use std::os::fd::OwnedFd;
 
@@ -62,54 +63,26 @@ pub enum RunStatesError {
     NoThreads(i32),
 }
 
-/// What the tracker has done so far.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct RunStatesStats {
-    /// Threads followed now.
-    pub threads: usize,
-    pub records: u64,
-    /// Records the kernel dropped for a full ring.
-    pub lost: u64,
-    /// Full re-reads from `/proc` after lost records.
-    pub resyncs: u64,
-    /// `/proc` reads of threads seen switching out without being preempted.
-    pub rechecks: u64,
-    /// Threads that could not be followed (they read `/proc` each time).
-    pub refused: u64,
-    /// Followed by one event per CPU for every task (not per thread).
-    pub cpu_wide: bool,
-}
-
-impl RunStatesStats {
-    fn add(&mut self, o: &RunStatesStats) {
-        self.threads += o.threads;
-        self.records += o.records;
-        self.lost += o.lost;
-        self.resyncs += o.resyncs;
-        self.rechecks += o.rechecks;
-        self.refused += o.refused;
-        self.cpu_wide |= o.cpu_wide;
-    }
-}
-
-/// How a recording's processes had their thread states read, for its summary.
+/// How a recording's processes had their thread states read, for its
+/// summary; what the trackers did is in the recording's [`Counters`].
 #[derive(Debug, Default, Clone)]
 pub struct RunStatesSummary {
-    /// Processes followed through their context switches, and what that did.
+    /// Processes followed through their context switches, and of those the
+    /// ones followed by one event per CPU for every task (not per thread).
     pub tracked: u64,
-    pub stats: RunStatesStats,
+    pub cpu_wide: u64,
     /// Processes left to /proc reads, and the first reason.
     pub refused: u64,
     pub why: Option<String>,
 }
 
 impl RunStatesSummary {
-    /// One process's outcome: its tracker's stats, or why there is none.
-    pub fn add(&mut self, outcome: &Result<RunStatesStats, String>) {
+    /// One process's outcome: followed (`Ok(cpu_wide)`), or why not.
+    pub fn add(&mut self, outcome: &Result<bool, String>) {
         match outcome {
-            Ok(s) => {
+            Ok(wide) => {
                 self.tracked += 1;
-                self.stats.add(s);
+                self.cpu_wide += u64::from(*wide);
             }
             Err(why) => {
                 self.refused += 1;
@@ -118,19 +91,18 @@ impl RunStatesSummary {
         }
     }
 
-    pub fn describe(&self) -> String {
+    pub fn describe(&self, c: &Counters) -> String {
         let mut out = String::from("thread states");
         if self.tracked > 0 {
-            let s = &self.stats;
             out.push_str(&format!(
                 " from context switches in {} process(es) ({}): {} records, {} /proc reads of threads seen blocking, {} records lost ({} full re-reads), {} threads not followed",
                 self.tracked,
-                if s.cpu_wide { "one event per CPU" } else { "events per thread" },
-                s.records,
-                s.rechecks,
-                s.lost,
-                s.resyncs,
-                s.refused
+                if self.cpu_wide > 0 { "one event per CPU" } else { "events per thread" },
+                c.switch_records,
+                c.switch_rechecks,
+                c.switch_records_lost,
+                c.switch_resyncs,
+                c.threads_not_followed
             ));
         }
         if self.refused > 0 {
@@ -175,7 +147,7 @@ pub struct RunStates {
     lost: bool,
     /// Opening failed for lack of descriptors: no more threads are added.
     no_more: bool,
-    stats: RunStatesStats,
+    counts: Counters,
     /// A record that wraps around the end of its ring, copied whole.
     scratch: Vec<u8>,
     /// Records of one ring, read before they are applied.
@@ -198,7 +170,7 @@ unsafe impl Send for RunStates {}
 
 impl std::fmt::Debug for RunStates {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RunStates").field("pid", &self.pid).field("cpus", &self.cpus.len()).field("stats", &self.stats).finish()
+        f.debug_struct("RunStates").field("pid", &self.pid).field("cpus", &self.cpus.len()).field("counts", &self.counts).finish()
     }
 }
 
@@ -234,7 +206,6 @@ impl RunStates {
         for tid in followed {
             rs.read_proc(tid);
         }
-        rs.stats.threads = rs.seen.len();
         Ok(rs)
     }
 
@@ -249,7 +220,6 @@ impl RunStates {
         for tid in super::thread_ids(pid) {
             rs.read_proc(tid);
         }
-        rs.stats.threads = rs.seen.len();
         Some(rs)
     }
 
@@ -265,7 +235,7 @@ impl RunStates {
             seen: HashMap::default(),
             lost: false,
             no_more: false,
-            stats: RunStatesStats::default(),
+            counts: Counters::default(),
             scratch: Vec::new(),
             pending: Vec::new(),
             recheck: Vec::new(),
@@ -342,7 +312,6 @@ impl RunStates {
         if self.wide {
             // Its switches are recorded already: its state now, until the next.
             self.read_proc(tid);
-            self.stats.threads = self.seen.len();
             return self.state(tid);
         }
         if self.no_more {
@@ -351,11 +320,10 @@ impl RunStates {
         match self.follow(tid) {
             Ok(()) => {
                 self.read_proc(tid);
-                self.stats.threads = self.seen.len();
                 self.state(tid)
             }
             Err(RunStatesError::Refused { source, .. }) => {
-                self.stats.refused += 1;
+                self.counts.threads_not_followed += 1;
                 // Refused before any ring exists (a tracker of holders: no
                 // perf here at all), or out of descriptors: asking again
                 // every tick would cost a syscall a tick for nothing.
@@ -394,7 +362,7 @@ impl RunStates {
         recheck.dedup();
         for &tid in &recheck {
             if let Some(&Seen { on_cpu: false, .. }) = self.seen.get(&tid) {
-                self.stats.rechecks += 1;
+                self.counts.switch_rechecks += 1;
                 match self.proc_files.state(self.pid, tid) {
                     Some(c) if c != 'Z' && c != 'X' => {
                         // Woken and waiting for a CPU is 'R', and still off.
@@ -413,17 +381,16 @@ impl RunStates {
         self.recheck = recheck;
         if self.lost {
             self.lost = false;
-            self.stats.resyncs += 1;
+            self.counts.switch_resyncs += 1;
             let tids: Vec<i32> = self.seen.keys().copied().collect();
             for tid in tids {
                 self.read_proc(tid);
             }
         }
-        self.stats.threads = self.seen.len();
     }
 
     fn apply(&mut self, r: Record) {
-        self.stats.records += 1;
+        self.counts.switch_records += 1;
         match r {
             Record::Switch { tid, time, on_cpu, out, .. } => {
                 if let Some(s) = self.seen.get_mut(&tid) {
@@ -445,7 +412,7 @@ impl RunStates {
                 self.events.remove(&tid);
             }
             Record::Lost { count } => {
-                self.stats.lost += count;
+                self.counts.switch_records_lost += count;
                 self.lost = true;
             }
         }
@@ -465,8 +432,19 @@ impl RunStates {
         }
     }
 
-    pub fn stats(&self) -> RunStatesStats {
-        RunStatesStats { cpu_wide: self.wide, ..self.stats }
+    /// What the tracker counted since the last call, handed over.
+    pub fn take_counts(&mut self) -> Counters {
+        self.counts.take()
+    }
+
+    /// Threads followed now.
+    pub fn threads(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// Followed by one event per CPU for every task (not per thread).
+    pub fn cpu_wide(&self) -> bool {
+        self.wide
     }
 }
 
@@ -629,6 +607,6 @@ mod tests {
             drop(go);
             h.join().unwrap();
         }
-        assert_eq!(rs.stats().lost, 0);
+        assert_eq!(rs.take_counts().switch_records_lost, 0);
     }
 }

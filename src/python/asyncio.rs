@@ -26,6 +26,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use crate::counts::Counters;
 use crate::error::{Error, Result};
 use crate::offsets::Offsets;
 use crate::offsets::asyncio::{AsyncioOffsets, AwaiterLinks, GenFrame, ValueStack};
@@ -127,28 +128,6 @@ pub struct ThreadView<'a> {
     pub frames: &'a [u64],
 }
 
-/// How one pass went, for the summary.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct TaskStats {
-    /// Thread samples rewritten as a task's await chain.
-    pub task_samples: u64,
-    /// Idle tasks sampled (`--async=all`).
-    pub idle_samples: u64,
-    /// Graphs that could not be read (the thread kept its plain stack).
-    pub errors: u64,
-    /// Chains cut at a cycle or at [`MAX_CHAIN`].
-    pub cut: u64,
-}
-
-impl TaskStats {
-    pub fn add(&mut self, o: &TaskStats) {
-        self.task_samples += o.task_samples;
-        self.idle_samples += o.idle_samples;
-        self.errors += o.errors;
-        self.cut += o.cut;
-    }
-}
-
 /// The readers a pass borrows from the snapshot.
 pub struct Readers<'a, 'b> {
     pub mem: &'a dyn RemoteMemory,
@@ -172,7 +151,8 @@ pub struct TaskGraph {
     /// (A stale one can only name objects that are then no tasks on the
     /// stack, which every use checks.)
     registries: HashMap<(u64, &'static str), Option<u64>>,
-    pub stats: TaskStats,
+    /// How the passes went, until handed over.
+    pub counts: Counters,
     /// Scratch: tasks on a chain being followed.
     seen: HashSet<u64>,
     /// A pure-Python task was seen: the program runs without `_asyncio`.
@@ -187,7 +167,7 @@ impl TaskGraph {
             located: None,
             kinds: HashMap::new(),
             registries: HashMap::new(),
-            stats: TaskStats::default(),
+            counts: Counters::default(),
             seen: HashSet::new(),
             pure: false,
         }
@@ -222,7 +202,7 @@ impl TaskGraph {
         let running = pass.rewrite_threads(rd, views, threads);
         if pass.g.mode == AsyncMode::All {
             if let Err(_e) = pass.idle_tasks(rd, views, &running, idle) {
-                pass.g.stats.errors += 1;
+                pass.g.counts.task_graph_errors += 1;
             }
         }
         self.offsets = Some(ao);
@@ -277,10 +257,10 @@ impl Pass<'_, '_> {
             match self.rewrite_one(rd, view, t, &mut current) {
                 Ok(Some(task)) => {
                     running.push(task);
-                    self.g.stats.task_samples += 1;
+                    self.g.counts.task_samples += 1;
                 }
                 Ok(None) => {}
-                Err(_) => self.g.stats.errors += 1,
+                Err(_) => self.g.counts.task_graph_errors += 1,
             }
         }
         running
@@ -310,7 +290,7 @@ impl Pass<'_, '_> {
             t.frames.push(self.task_frame(mem, task));
             if self.awaiters(rd, task, &mut t.frames).is_err() {
                 // The task itself stands; what awaits it could not be read.
-                self.g.stats.errors += 1;
+                self.g.counts.task_graph_errors += 1;
                 t.frames.push(Frame::marker(CUT, FrameKind::Task));
             }
             return Ok(Some(task));
@@ -442,7 +422,7 @@ impl Pass<'_, '_> {
             let Some(next) = self.link(rd, cur)?.1 else { return Ok(()) };
             self.steps += 1;
             if self.g.seen.len() >= MAX_CHAIN || self.steps > MAX_STEPS || !self.g.seen.insert(next) {
-                self.g.stats.cut += 1;
+                self.g.counts.task_chains_cut += 1;
                 out.push(Frame::marker(CUT, FrameKind::Task));
                 return Ok(());
             }
@@ -658,7 +638,7 @@ impl Pass<'_, '_> {
     /// "task ?" when the name cannot be read (the task still stands).
     fn task_frame(&mut self, mem: &dyn RemoteMemory, task: u64) -> Frame {
         let name = self.task_name(mem, task).unwrap_or_else(|_| {
-            self.g.stats.errors += 1;
+            self.g.counts.task_graph_errors += 1;
             "?".to_string()
         });
         Frame::marker(&format!("task {name}"), FrameKind::Task)
@@ -696,7 +676,7 @@ impl Pass<'_, '_> {
                 let mut at = mem.read_u64(head)?;
                 while at != head && at != 0 {
                     if tasks.len() >= MAX_TASKS {
-                        self.g.stats.cut += 1;
+                        self.g.counts.task_chains_cut += 1;
                         return Ok(tasks);
                     }
                     check_pointer(at, "task node")?;
@@ -720,7 +700,7 @@ impl Pass<'_, '_> {
             for item in self.set_items(mem, set)? {
                 let task = if weak { mem.read_u64(item + self.ao.weakref_object)? } else { item };
                 if tasks.len() >= MAX_TASKS {
-                    self.g.stats.cut += 1;
+                    self.g.counts.task_chains_cut += 1;
                     return Ok(tasks);
                 }
                 tasks.push(task);
@@ -746,9 +726,9 @@ impl Pass<'_, '_> {
             }
             frames.push(self.task_frame(rd.mem, task));
             if self.awaiters(rd, task, &mut frames).is_err() {
-                self.g.stats.errors += 1;
+                self.g.counts.task_graph_errors += 1;
             }
-            self.g.stats.idle_samples += 1;
+            self.g.counts.idle_task_samples += 1;
             threads.push(ThreadStack { name: Some(IDLE_TASKS.to_string()), frames, ..ThreadStack::default() });
         }
         Ok(())

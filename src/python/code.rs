@@ -44,6 +44,7 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
+use crate::counts::Counters;
 use crate::error::{Error, Result};
 use crate::offsets::Offsets;
 use crate::process::memory::{RemoteMemory, check_pointer, field_u32, field_u64};
@@ -78,23 +79,6 @@ struct Fingerprint {
     version_word: u64,
     /// The interpreter whose thread ran it (versions are per interpreter).
     interp: u64,
-}
-
-#[derive(Default, Debug, Clone, Copy)]
-pub struct CodeCacheStats {
-    pub hits: u64,
-    pub misses: u64,
-    pub stale: u64,
-    /// Checks that had to go by the name (no `co_version`).
-    pub name_checks: u64,
-    /// Of those, names compiled into the interpreter: no read needed.
-    pub static_names: u64,
-    /// Hits proven by the code-object generation, without reading the object.
-    pub generation_hits: u64,
-    /// Hits on code objects compiled into the interpreter, not read either.
-    pub static_hits: u64,
-    /// Code objects read to check their fingerprint.
-    pub reads: u64,
 }
 
 /// One interpreter's code-object generation as this sample knows it: a
@@ -187,7 +171,8 @@ pub struct CodeCache {
     image: Vec<(u64, u64)>,
     /// Whether a `co_version` counter (`Generations::created`) has been checked.
     counter: Counter,
-    pub stats: CodeCacheStats,
+    /// Hits, misses and reads, until handed over.
+    pub counts: Counters,
 }
 
 impl CodeCache {
@@ -255,7 +240,7 @@ impl CodeCache {
         check_pointer(addr, "code")?;
         let epoch = self.epoch;
         if matches!(&self.last, Some((a, e, _, _)) if *a == addr && *e == epoch) {
-            self.stats.hits += 1;
+            self.counts.code_hits += 1;
             let last = self.last.as_ref().unwrap();
             return Ok((&last.2, last.3));
         }
@@ -270,7 +255,7 @@ impl CodeCache {
         let proves = self.counter_proves(gens);
         if let Some(e) = self.entries.get_mut(&addr) {
             if e.epoch == epoch {
-                self.stats.hits += 1;
+                self.counts.code_hits += 1;
                 return Ok((e.info.clone(), e.ident));
             }
             // Compiled into the interpreter (3.11 and 3.12 deep-freeze the
@@ -279,15 +264,15 @@ impl CodeCache {
             // starts with two of these.
             if fixed {
                 e.epoch = epoch;
-                self.stats.hits += 1;
-                self.stats.static_hits += 1;
+                self.counts.code_hits += 1;
+                self.counts.code_static_hits += 1;
                 return Ok((e.info.clone(), e.ident));
             }
             // The counter must have been read after the frame.
             if frame_at < src.gens_at && proves && e.stamp == gens.after.map(|g| (gens.interp, g)) {
                 e.epoch = epoch;
-                self.stats.hits += 1;
-                self.stats.generation_hits += 1;
+                self.counts.code_hits += 1;
+                self.counts.code_generation_hits += 1;
                 return Ok((e.info.clone(), e.ident));
             }
         }
@@ -306,20 +291,20 @@ impl CodeCache {
             // us names garbage, and its "name" would cost three more reads.
             if e.fp == fp {
                 if fp.version == 0 {
-                    self.stats.name_checks += 1;
-                    self.stats.static_names += u64::from(is_static);
+                    self.counts.code_name_checks += 1;
+                    self.counts.code_static_names += u64::from(is_static);
                 }
                 let ident = ident_of(mem, o, addr, &fp, is_static)?;
                 if ident == e.ident {
                     e.epoch = epoch;
                     e.stamp = stamp;
-                    self.stats.hits += 1;
+                    self.counts.code_hits += 1;
                     return Ok((e.info.clone(), ident));
                 }
             }
-            self.stats.stale += 1;
+            self.counts.code_stale += 1;
         }
-        self.stats.misses += 1;
+        self.counts.code_misses += 1;
         self.unproven = true;
         let (fp, ident, info) = self.build(src.fresh, o, addr, gens.interp)?;
         if self.entries.len() >= MAX_ENTRIES {
@@ -336,7 +321,7 @@ impl CodeCache {
         let read = mem.read(addr, &mut head);
         self.head = head;
         read?;
-        self.stats.reads += 1;
+        self.counts.code_reads += 1;
         Ok(parse_fingerprint(o, &self.head, interp))
     }
 

@@ -8,12 +8,13 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use crate::counts::Counters;
 use crate::error::Result;
 use crate::process::memory::RemoteMemory;
-use crate::process::prefetch::{PrefetchStats, Prefetcher};
+use crate::process::prefetch::Prefetcher;
 use crate::process::{Target, task_comm};
-use crate::python::asyncio::{AsyncMode, Readers, TaskGraph, TaskStats, ThreadView};
-use crate::python::code::{CodeCache, CodeCacheStats, Generations, Sources};
+use crate::python::asyncio::{AsyncMode, Readers, TaskGraph, ThreadView};
+use crate::python::code::{CodeCache, Generations, Sources};
 use crate::python::exception::ExceptionState;
 use crate::python::frames::{FrameWalker, WalkContext};
 use crate::python::interpreter::{CodeCounter, Interpreter};
@@ -44,28 +45,6 @@ pub struct SnapshotNeeds {
 
 impl SnapshotNeeds {
     pub const ALL: SnapshotNeeds = SnapshotNeeds { gil: true, on_cpu: true, names: true, stop_running_only: false, holders_only: false };
-}
-
-/// What the walks of a session have cost so far.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct WalkStats {
-    /// Thread stacks walked (threads a filter leaves out are not).
-    pub threads: u64,
-    /// Frames those walks read.
-    pub frames: u64,
-    /// Thread stacks carried over from the snapshot before, proven unchanged
-    /// (`python::quiet`), and the snapshots that did so.
-    pub carried: u64,
-    pub carried_ticks: u64,
-}
-
-impl WalkStats {
-    pub fn add(&mut self, o: &WalkStats) {
-        self.threads += o.threads;
-        self.frames += o.frames;
-        self.carried += o.carried;
-        self.carried_ticks += o.carried_ticks;
-    }
 }
 
 /// One thread state's fate in a snapshot.
@@ -193,7 +172,8 @@ pub struct Snapshotter {
     /// Per stack of the last snapshot, the index of its thread state in
     /// `states` (a filter leaves states out of the stacks).
     walked: Vec<usize>,
-    walk_stats: WalkStats,
+    /// What the walks have read since they were last handed over.
+    counts: Counters,
     /// `spare` is the last walk's output, in its order (see [`Check::quiet`]).
     spare_is_last: bool,
     /// The buffer of the last walk's output, to know it when it comes back.
@@ -233,17 +213,9 @@ impl Snapshotter {
         self.tasks.as_mut()
     }
 
-    pub fn task_stats(&self) -> Option<TaskStats> {
-        self.tasks.as_ref().map(|t| t.stats)
-    }
-
     /// Walk only the threads `filter` selects; the others are in no snapshot.
     pub fn select(&mut self, filter: ThreadFilter) {
         self.filter = filter;
-    }
-
-    pub fn walk_stats(&self) -> WalkStats {
-        self.walk_stats
     }
 
     /// Read `extras` with every stack from now on.
@@ -256,17 +228,17 @@ impl Snapshotter {
         self.keep_groups = true;
     }
 
-    pub fn code_cache_stats(&self) -> CodeCacheStats {
-        self.codes.stats
-    }
-
-    /// Thread lists followed from a remembered head (see [`ThreadList`]).
-    pub fn threads_by_head(&self) -> u64 {
-        self.threads.by_head
-    }
-
-    pub fn prefetch_stats(&self) -> PrefetchStats {
-        self.prefetch.stats()
+    /// What the walks, the code cache, the prefetcher and the task graph
+    /// have counted since the last call, handed over.
+    pub fn take_counts(&mut self) -> Counters {
+        let mut c = self.counts.take();
+        c += self.codes.counts.take();
+        c += self.prefetch.take_counts();
+        c.lists_by_head += std::mem::take(&mut self.threads.by_head);
+        if let Some(t) = self.tasks.as_mut() {
+            c += t.counts.take();
+        }
+        c
     }
 
     /// Eval-loop groups of thread `i` of the last snapshot (with [`Self::keep_groups`]).
@@ -593,7 +565,7 @@ impl Snapshotter {
         };
         self.carried_last = carry;
         if carry {
-            self.walk_stats.carried_ticks += 1;
+            self.counts.carried_ticks += 1;
         } else {
             self.threads.read(mem, o, interp.runtime, &mut self.states, &mut self.ts_buf)?;
             self.list_checked = Some(Instant::now());
@@ -701,7 +673,7 @@ impl Snapshotter {
                 // stack in this very slot: nothing to read.
                 slot.holds_gil = holder == Some(ts.addr);
                 slot.in_gc = false;
-                self.walk_stats.carried += 1;
+                self.counts.carried += 1;
                 out.push(slot);
                 self.carried.push(true);
                 continue;
@@ -763,8 +735,8 @@ impl Snapshotter {
                 }
                 self.groups[i].clone_from(&self.walker.groups);
             }
-            self.walk_stats.threads += 1;
-            self.walk_stats.frames += slot.frames.len() as u64;
+            self.counts.threads_walked += 1;
+            self.counts.frames_walked += slot.frames.len() as u64;
             slot.native_id = native_id;
             slot.python_id = ts.thread_id;
             slot.holds_gil = holds_gil;

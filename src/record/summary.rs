@@ -1,7 +1,7 @@
 //! What a recording was like: the profile's `meta`, the progress line while
 //! it runs and the summary line after it.
 
-use crate::counts::AcquireCounts;
+use crate::counts::Counters;
 use crate::profile::model::{Acquisition, Meta};
 use crate::record::RecordConfig;
 use crate::sampler::{Progress, SamplerStats, StopReason};
@@ -32,10 +32,11 @@ impl Target {
 }
 
 pub fn meta(cfg: &RecordConfig, t: &Target, stats: &SamplerStats, reason: StopReason, start_time: f64, overflowed: u64, native: bool) -> Meta {
-    let mut sampling = acquisition(cfg, &stats.acquire);
-    sampling.bytes_read = stats.cost.bytes_read;
-    sampling.threads_walked = stats.cost.walked.threads;
-    sampling.frames_walked = stats.cost.walked.frames;
+    let c = &stats.counts;
+    let mut sampling = acquisition(cfg, c);
+    sampling.bytes_read = c.bytes_read;
+    sampling.threads_walked = c.threads_walked;
+    sampling.frames_walked = c.frames_walked;
     let mut errors = stats.errors.clone();
     for (k, v) in [("skipped_ticks", stats.skipped), ("stack_table_full", overflowed)] {
         if v > 0 {
@@ -44,8 +45,7 @@ pub fn meta(cfg: &RecordConfig, t: &Target, stats: &SamplerStats, reason: StopRe
     }
     if native {
         // Kept with the profile so a reader can judge the native frames.
-        let n = &stats.native;
-        for (k, v) in [("native_truncated", n.truncated), ("native_not_merged", n.unmerged), ("native_no_registers", n.no_registers)] {
+        for (k, v) in [("native_truncated", c.native_truncated), ("native_not_merged", c.native_unmerged), ("native_no_registers", c.native_no_registers)] {
             if v > 0 {
                 errors.insert(k.into(), v);
             }
@@ -72,7 +72,7 @@ pub fn meta(cfg: &RecordConfig, t: &Target, stats: &SamplerStats, reason: StopRe
     }
 }
 
-fn acquisition(cfg: &RecordConfig, a: &AcquireCounts) -> Acquisition {
+fn acquisition(cfg: &RecordConfig, a: &Counters) -> Acquisition {
     let method = match cfg.attach.sampling {
         _ if cfg.attach.native.is_some() => "native",
         Sampling::Exact => "exact",
@@ -89,14 +89,14 @@ fn acquisition(cfg: &RecordConfig, a: &AcquireCounts) -> Acquisition {
         off_cpu: a.off_cpu,
         torn: a.torn,
         paused_us_total: a.pause.as_secs_f64() * 1e6,
-        paused_us_max: a.pause_max.as_secs_f64() * 1e6,
+        paused_us_max: a.pause_max.0.as_secs_f64() * 1e6,
         ..Acquisition::default()
     }
 }
 
 /// What sampling cost the target, for the user: which sampler ran, how
 /// often and how long it held a thread.
-fn cost(a: &AcquireCounts, elapsed: std::time::Duration, native: bool) -> String {
+fn cost(a: &Counters, elapsed: std::time::Duration, native: bool) -> String {
     let secs = elapsed.as_secs_f64();
     let share = if secs > 0.0 { 100.0 * a.pause.as_secs_f64() / secs } else { 0.0 };
     let mean = if a.stopped > 0 { a.pause.as_secs_f64() * 1e6 / a.stopped as f64 } else { 0.0 };
@@ -120,12 +120,12 @@ fn cost(a: &AcquireCounts, elapsed: std::time::Duration, native: bool) -> String
 }
 
 /// How the snapshots were made one instant, counted (`-v`).
-fn describe(a: &AcquireCounts) -> String {
+fn describe(a: &Counters) -> String {
     let mean = if a.stopped > 0 { a.pause.as_secs_f64() * 1e6 / a.stopped as f64 } else { 0.0 };
     format!(
         "snapshots: {} with the holder stopped ({mean:.0} µs on average, {:.0} µs at most), {} read without a stop while the holder was on no CPU ({} read again with it stopped, as it got one), {} with the GIL free, {} read again a few µs late because the GIL changed hands, {} stepped a few instructions out of a half-done frame update ({} finished at a later tick), {} lock-free ({} thread samples torn)",
         a.stopped,
-        a.pause_max.as_secs_f64() * 1e6,
+        a.pause_max.0.as_secs_f64() * 1e6,
         a.off_cpu,
         a.ran,
         a.gil_free,
@@ -134,6 +134,19 @@ fn describe(a: &AcquireCounts) -> String {
         a.deferred,
         a.lock_free,
         a.torn,
+    )
+}
+
+/// `--native`: how C stacks merged with Python ones (`-v`).
+fn describe_native(c: &Counters) -> String {
+    let pct = |n: u64| if c.native_stacks == 0 { 0.0 } else { 100.0 * n as f64 / c.native_stacks as f64 };
+    format!(
+        "native: {} stacks, {:.1}% merged, {:.1}% truncated, {:.1}% not merged, {} without registers",
+        c.native_stacks,
+        pct(c.native_merged),
+        pct(c.native_truncated),
+        pct(c.native_unmerged),
+        c.native_no_registers,
     )
 }
 
@@ -156,28 +169,29 @@ pub fn print(cfg: &RecordConfig, stats: &SamplerStats, reason: StopReason, nativ
     );
     match kernel {
         Some(k) => eprintln!("pyprof: {}", k.describe(stats)),
-        None => eprintln!("pyprof: {}", cost(&stats.acquire, stats.elapsed, native)),
+        None => eprintln!("pyprof: {}", cost(&stats.counts, stats.elapsed, native)),
     }
     if cfg.verbose {
-        let mut extra = format!("{}; {:.2} reads/tick", describe(&stats.acquire), stats.syscalls as f64 / stats.ticks.max(1) as f64);
+        let c = &stats.counts;
+        let mut extra = format!("{}; {:.2} reads/tick", describe(c), c.syscalls as f64 / stats.ticks.max(1) as f64);
         if stats.skipped > 0 {
             extra.push_str(&format!("; {} ticks skipped", stats.skipped));
         }
         if let Some(n) = stats.gc_samples {
             extra.push_str(&format!("; <GC> in {:.1} % of samples", 100.0 * n as f64 / stats.samples.max(1) as f64));
         }
-        if let Some(t) = &stats.tasks {
+        if cfg.attach.asyncio.is_some() {
             extra.push_str(&format!(
                 "; asyncio: {} samples in a running task, {} of waiting tasks, {} graphs unreadable, {} chains cut",
-                t.task_samples, t.idle_samples, t.errors, t.cut
+                c.task_samples, c.idle_task_samples, c.task_graph_errors, c.task_chains_cut
             ));
         }
         eprintln!("pyprof: {extra}");
         if native {
-            eprintln!("pyprof: {}", stats.native.describe());
+            eprintln!("pyprof: {}", describe_native(c));
         }
         if let Some(r) = &stats.run_states {
-            eprintln!("pyprof: {}", r.describe());
+            eprintln!("pyprof: {}", r.describe(c));
         }
     }
     for w in &stats.native_warnings {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::acquire::Taken;
 use crate::acquire::{self, HoldPolicy};
-use crate::counts::AcquireCounts;
+use crate::counts::Counters;
 use crate::error::Error;
 use crate::profile::aggregate::Aggregator;
 use crate::session::{Session, SnapshotNeeds};
@@ -92,37 +92,26 @@ pub struct SamplerStats {
     pub samples: u64,
     pub late: u64,
     pub skipped: u64,
-    /// How the snapshots were obtained, and how long threads were held.
-    pub acquire: AcquireCounts,
+    /// What taking the snapshots did: how each was made one instant, how
+    /// long threads were held, what the walks and readers read, the native
+    /// merges, task graphs and thread-state records; every snapshot's
+    /// counts added up, and an ended session's leftovers.
+    pub counts: Counters,
     /// Snapshots lost, by kind of failure.
     pub errors: BTreeMap<String, u64>,
     pub elapsed: Duration,
-    pub syscalls: u64,
-    /// What reading cost besides syscalls: bytes, thread stacks and frames.
-    pub cost: Cost,
-    /// `--native`: merge outcomes and how long the target was held.
-    pub native: crate::native::NativeStats,
     /// What the native symbolizers ignored and why (bad perf maps, jitdumps).
     pub native_warnings: Vec<String>,
     /// Samples counted with a `<GC>` frame; None when no session adds them.
     pub gc_samples: Option<u64>,
-    /// `--async`: how the task graphs were read.
-    pub tasks: Option<crate::python::asyncio::TaskStats>,
     /// `--mode cpu`: how thread states were learned.
     pub run_states: Option<crate::process::run_states::RunStatesSummary>,
 }
 
 impl SamplerStats {
     /// What a session that ends (or the recording does) adds up to.
-    fn add_session(&mut self, s: &Session) {
-        self.syscalls += s.attached().mem.syscalls();
-        self.cost.add(s);
-        if let Some(n) = s.native_stats() {
-            self.native.add(n);
-        }
-        if let Some(t) = s.task_stats() {
-            self.tasks.get_or_insert_with(Default::default).add(&t);
-        }
+    fn add_session(&mut self, s: &mut Session) {
+        self.counts += s.take_counts();
         self.add_warnings(s.native_warnings());
         if let Some(r) = s.run_states() {
             self.run_states.get_or_insert_with(Default::default).add(&r);
@@ -140,20 +129,6 @@ impl SamplerStats {
     pub fn achieved_hz(&self) -> f64 {
         let s = self.elapsed.as_secs_f64();
         if s > 0.0 { self.ticks as f64 / s } else { 0.0 }
-    }
-}
-
-/// What the reads of a recording cost, summed over its sessions.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Cost {
-    pub bytes_read: u64,
-    pub walked: crate::python::snapshot::WalkStats,
-}
-
-impl Cost {
-    fn add(&mut self, s: &Session) {
-        self.bytes_read += s.attached().mem.bytes_read();
-        self.walked.add(&s.walk_stats());
     }
 }
 
@@ -380,7 +355,7 @@ pub fn run(
             match snapshot {
                 Ok(Taken { threads, counts }) => {
                     held = held.max(counts.pause);
-                    stats.acquire.add(&counts);
+                    stats.counts += counts;
                     let pid = s.pid();
                     let cmd = commands.get(&pid).map(String::as_str).unwrap_or("");
                     threads_seen += threads.len();
@@ -466,7 +441,7 @@ pub fn run(
     stats.elapsed = timer.elapsed();
     stats.late = timer.late;
     stats.skipped = timer.skipped;
-    for s in sessions.iter() {
+    for s in sessions.iter_mut() {
         stats.add_session(s);
     }
     (stats, reason)

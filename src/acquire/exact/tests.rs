@@ -7,7 +7,7 @@
 use super::ExactOn;
 use crate::acquire::fake::{Fake, FakeHeld, Patch};
 use crate::acquire::nonblocking::Nonblocking;
-use crate::acquire::{AcquireCounts, HoldPolicy, Taken};
+use crate::acquire::{Counters, HoldPolicy, Taken};
 use crate::error::Error;
 use crate::process::memory::RemoteMemory as _;
 use crate::python::gil::{GilWords, gil_words};
@@ -296,7 +296,7 @@ fn rule_nonblocking_stops_nothing_and_counts_torn_stacks() {
     let t = Nonblocking::take_from(&rig.fake, &mut rig.python, NEEDS).unwrap();
     let s = rig.fake.script.borrow();
     assert_eq!((s.holds, s.stopped.len()), (0, 0), "nothing held");
-    assert_eq!(t.counts, AcquireCounts { lock_free: 1, torn: 1, ..AcquireCounts::default() });
+    assert_eq!(t.counts, Counters { lock_free: 1, torn: 1, ..Counters::default() });
     let torn: Vec<_> = t.threads.iter().filter(|t| t.torn).map(|t| t.native_id).collect();
     assert_eq!(torn, vec![Some(rig.tid("MainThread") as u64)]);
 }
