@@ -126,21 +126,30 @@ fn assert_stays_stopped(pid: i32, span: Duration, what: &str) {
     }
 }
 
+/// The target is a job of its own process group, stopped and continued
+/// as a shell does it: `kill -STOP`, and Ctrl-Z (SIGTSTP to the group)
+/// then `fg` (SIGCONT to the group).
 #[test]
 fn a_target_its_shell_stops_stays_stopped_under_sampling_and_resumes_on_sigcont() {
     for_each_interpreter(|py| {
-        let target = py.spawn("steady_work.py", &[]);
+        let target = py.spawn_as_job("steady_work.py", &[]);
         let pid = target.pid();
         let p = pid.to_string();
         let mut conts = 0;
-        for (args, stop) in [(vec!["record", "-r", "2000"], libc::SIGSTOP), (vec!["record", "--native", "-r", "1000"], libc::SIGSTOP)] {
+        let cases = [
+            (vec!["record", "-r", "2000"], libc::SIGSTOP, pid),
+            (vec!["record", "--native", "-r", "1000"], libc::SIGSTOP, pid),
+            (vec!["record", "-r", "2000"], libc::SIGTSTP, -pid),
+            (vec!["record", "--native", "-r", "1000"], libc::SIGTSTP, -pid),
+        ];
+        for (args, stop, to) in cases {
             let (pyprof, argv) = record_in_background(&args, &p, "2.5");
-            let what = format!("{argv} stopped by signal {stop}");
+            let what = format!("{argv} stopped by signal {stop} sent to {to}");
             std::thread::sleep(Duration::from_millis(500));
-            signal(pid, stop);
+            signal(to, stop);
             wait_all_stopped(pid);
             assert_stays_stopped(pid, Duration::from_millis(800), &what);
-            signal(pid, libc::SIGCONT);
+            signal(to, libc::SIGCONT);
             conts += 1;
             assert_untouched(pid, &what);
             let (ticks, until) = (cpu_ticks(pid), Instant::now() + Duration::from_secs(3));

@@ -191,13 +191,30 @@ impl Interpreter {
     pub fn spawn(&self, script: &str, args: &[&str]) -> TargetProcess {
         spawn_argv(&self.label, &self.argv(script, args))
     }
+
+    /// [`Self::spawn`], the target leading a process group of its own, as
+    /// a shell's job does: the group is not orphaned (this test process,
+    /// its parent, is in another group of the same session), so SIGTSTP
+    /// sent to it stops it rather than being discarded.
+    pub fn spawn_as_job(&self, script: &str, args: &[&str]) -> TargetProcess {
+        use std::os::unix::process::CommandExt;
+        let argv = self.argv(script, args);
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]).process_group(0);
+        spawn_command(&self.label, cmd, &argv)
+    }
 }
 
 /// Start any argv (a target under strace, a Python with -X options) and wait
 /// for its first stdout line, like [`Interpreter::spawn`].
 pub fn spawn_argv(label: &str, argv: &[String]) -> TargetProcess {
-    let mut child = Command::new(&argv[0])
-        .args(&argv[1..])
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    spawn_command(label, cmd, argv)
+}
+
+fn spawn_command(label: &str, mut cmd: Command, argv: &[String]) -> TargetProcess {
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
