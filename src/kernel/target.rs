@@ -77,11 +77,15 @@ impl KernelTarget {
         self.list.read(&a.mem, o, a.interp.runtime, &mut self.states, &mut self.buf)?;
         if o.thread.native_thread_id.is_none() && self.pthread_tid.is_none() {
             let pthreads: Vec<u64> = self.states.iter().map(|t| t.thread_id).collect();
-            self.pthread_tid = find_pthread_tid_offset(&a.mem, self.pid, &a.target.threads(), &pthreads);
+            let (pid, tids) = a.target.inner_ids();
+            self.pthread_tid = find_pthread_tid_offset(&a.mem, pid, &tids, &pthreads);
         }
         let mut now: HashMap<u32, u64> = HashMap::with_capacity(self.states.len());
         for ts in &self.states {
             let tid = ts.native_id.or_else(|| self.pthread_tid.and_then(|off| a.mem.read_u32(ts.thread_id + off).ok().map(u64::from)));
+            // The program sees the host's ids; the thread state holds the
+            // target's own (they differ in a container's PID namespace).
+            let tid = tid.and_then(|t| a.target.host_tid(t));
             if let Some(tid) = tid.filter(|&t| t > 0 && t <= i32::MAX as u64) {
                 now.insert(tid as u32, ts.addr);
             }

@@ -9,6 +9,7 @@ pub mod memory;
 pub mod new_pids;
 pub mod occupancy;
 pub mod perf_event;
+pub mod pid_ns;
 pub mod prefetch;
 pub mod replay;
 pub mod run_states;
@@ -35,6 +36,9 @@ pub struct Target {
     /// Holders are proven off CPU by the recording's shared CPU-wide
     /// tracker ([`occupancy`]), not by a tracker of this process's own.
     shared_holders: std::cell::Cell<bool>,
+    /// In a PID namespace of its own: its threads' ids as it knows them,
+    /// mapped to the host's ([`Target::host_tid`]). None on the host's.
+    ns: Option<std::cell::RefCell<pid_ns::NsTids>>,
 }
 
 /// A copy starts with no open files and no perf events of its own.
@@ -48,6 +52,7 @@ impl Clone for Target {
             run_states_tried: Default::default(),
             holders_tried: Default::default(),
             shared_holders: Default::default(),
+            ns: pid_ns::NsTids::of(self.pid).map(std::cell::RefCell::new),
         }
     }
 }
@@ -84,7 +89,28 @@ impl Target {
             run_states_tried: Default::default(),
             holders_tried: Default::default(),
             shared_holders: Default::default(),
+            ns: pid_ns::NsTids::of(pid).map(std::cell::RefCell::new),
         })
+    }
+
+    /// The host's id of the thread the target knows as `tid` (CPython
+    /// records `gettid()` as the thread sees it): the same id unless the
+    /// target is in a PID namespace of its own (a container). None for an
+    /// id no thread of the target has now.
+    pub fn host_tid(&self, tid: u64) -> Option<u64> {
+        match &self.ns {
+            None => Some(tid),
+            Some(ns) => ns.borrow_mut().host(tid),
+        }
+    }
+
+    /// The target's pid and its threads' ids as the target itself knows
+    /// them (what its memory holds).
+    pub fn inner_ids(&self) -> (i32, Vec<i32>) {
+        match &self.ns {
+            None => (self.pid, self.threads()),
+            Some(ns) => ns.borrow_mut().inner_ids(),
+        }
     }
 
     /// One-letter scheduler state of thread `tid` ('R' running, 'S'

@@ -47,6 +47,15 @@ impl SnapshotNeeds {
     pub const ALL: SnapshotNeeds = SnapshotNeeds { gil: true, on_cpu: true, names: true, stop_running_only: false, holders_only: false };
 }
 
+/// A thread id as the target recorded it, as the host knows it (they
+/// differ in a container's PID namespace); recorded memory keeps its own.
+fn host_tid(src: Source, tid: u64) -> Option<u64> {
+    match src.target {
+        Some(t) => t.host_tid(tid),
+        None => Some(tid),
+    }
+}
+
 /// One thread state's fate in a snapshot.
 #[derive(Debug, Clone, Copy)]
 struct Pick {
@@ -264,7 +273,7 @@ impl Snapshotter {
                 src.mem.read_u32(pthread + self.pthread_tid_offset?).ok()? as u64
             }
         };
-        (tid != 0 && tid <= i32::MAX as u64).then_some(tid)
+        (tid != 0 && tid <= i32::MAX as u64).then_some(tid).and_then(|t| host_tid(src, t))
     }
 
     /// The last snapshot's interpreters.
@@ -576,7 +585,8 @@ impl Snapshotter {
             let search_due = self.pthread_tid_searched.is_none_or(|t| t.elapsed() >= PTHREAD_TID_RETRY);
             if o.thread.native_thread_id.is_none() && self.pthread_tid_offset.is_none() && search_due {
                 let pthreads: Vec<u64> = self.states.iter().map(|t| t.thread_id).collect();
-                self.pthread_tid_offset = find_pthread_tid_offset(mem, target.pid, &target.threads(), &pthreads);
+                let (pid, tids) = target.inner_ids();
+                self.pthread_tid_offset = find_pthread_tid_offset(mem, pid, &tids, &pthreads);
                 self.pthread_tid_searched = Some(std::time::Instant::now());
             }
         }
@@ -604,10 +614,13 @@ impl Snapshotter {
             }
         }
         for ts in self.states.iter().filter(|_| moving.is_none()) {
-            let native_id = ts.native_id.or_else(|| {
-                let off = self.pthread_tid_offset?;
-                mem.read_u32(ts.thread_id + off).ok().map(|t| t as u64)
-            });
+            let native_id = ts
+                .native_id
+                .or_else(|| {
+                    let off = self.pthread_tid_offset?;
+                    mem.read_u32(ts.thread_id + off).ok().map(|t| t as u64)
+                })
+                .and_then(|n| host_tid(src, n));
             let selected = if needs.holders_only && needs.gil && !self.holders.iter().any(|h| h.0 == ts.interp && h.1 == Some(ts.addr)) {
                 Some(false)
             } else if self.filter.is_all() {

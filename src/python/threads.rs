@@ -214,7 +214,10 @@ pub fn gil_holder(mem: &dyn RemoteMemory, o: &Offsets, runtime: u64, interp: u64
 /// pid and the most other threads' words are tids of the target. A thread
 /// that has exited reads 0 there (the kernel clears it on exit) or -1 (glibc
 /// marks a joined thread's cached stack so); both are tolerated, any other
-/// word that is not a tid rules the offset out.
+/// word that is not a tid rules the offset out, and so does a tid read in
+/// two threads: in a container's PID namespace the ids are small (the main
+/// thread is 1), and counters and flags elsewhere in `struct pthread` hold
+/// such numbers too.
 pub fn find_pthread_tid_offset(mem: &dyn RemoteMemory, pid: i32, tids: &[i32], pthreads: &[u64]) -> Option<u64> {
     const SCAN: usize = 2048;
     let blocks: Vec<Vec<u8>> = pthreads.iter().filter(|&&p| p != 0).filter_map(|&p| mem.read_vec(p, SCAN).ok()).collect();
@@ -222,9 +225,11 @@ pub fn find_pthread_tid_offset(mem: &dyn RemoteMemory, pid: i32, tids: &[i32], p
     for off in (0..SCAN - 4).step_by(4) {
         let vals = blocks.iter().map(|b| i32::from_le_bytes(b[off..off + 4].try_into().unwrap()));
         let (mut known, mut has_pid, mut foreign) = (0, false, false);
+        let mut seen: Vec<i32> = Vec::with_capacity(blocks.len());
         for v in vals {
             has_pid |= v == pid;
-            if tids.contains(&v) {
+            if tids.contains(&v) && !seen.contains(&v) {
+                seen.push(v);
                 known += 1;
             } else if v != 0 && v != -1 {
                 foreign = true;

@@ -214,12 +214,8 @@ pub fn spawn_argv(label: &str, argv: &[String]) -> TargetProcess {
 }
 
 fn spawn_command(label: &str, mut cmd: Command, argv: &[String]) -> TargetProcess {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{label}: cannot start {argv:?}: {e}"));
+    let mut child =
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap_or_else(|e| panic!("{label}: cannot start {argv:?}: {e}"));
     watchdog::target_started(child.id());
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
