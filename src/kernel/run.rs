@@ -94,9 +94,12 @@ pub fn run(
             match p.target.converter.stack(&h, &rec[HEADER_LEN..], &a.mem, &mut frames) {
                 Ok(Outcome::Stack) => {}
                 Ok(Outcome::MidPush) => ks.counts.mid_push += 1,
+                // Counted, not dropped: a sample is the instant the timer
+                // chose, whatever its stack turned out to be.
                 Ok(Outcome::Torn) => {
                     ks.counts.torn += 1;
-                    return;
+                    frames.clear();
+                    frames.push(Frame::python(crate::sampler::TORN, "", 0));
                 }
                 Err(_) => {
                     *stats.errors.entry("kernel record unreadable".into()).or_insert(0) += 1;

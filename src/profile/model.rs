@@ -155,7 +155,8 @@ pub struct KernelSampling {
     pub unknown_thread: u64,
     /// Innermost frame caught mid-push: counted for its caller.
     pub mid_push: u64,
-    /// Not readable even as the caller's stack: not counted.
+    /// Not readable even as the caller's stack: counted under
+    /// `[stack moved while read]`.
     pub torn: u64,
     /// Chains cut by a page not resident, or by the depth bound: `[truncated]`.
     pub faults: u64,
