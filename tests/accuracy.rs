@@ -606,9 +606,10 @@ const REAL_RATE_PYSPY: u32 = 2000;
 const REAL_UNDER: &str = "measured_round";
 /// Leaves compared one by one: the reference's largest; the rest pooled.
 const TOP_LEAVES: usize = 10;
-/// Two py-spy runs of these rounds are 0.017-0.044 apart (one pair per
-/// interpreter, 7,000-9,000 samples each), pyprof's 0.009-0.052 from
-/// py-spy's, the sampler pyprof had before its exact sampling 0.19-0.25.
+/// Two py-spy runs of these rounds were 0.017-0.044 apart (one pair per
+/// interpreter, 7,000-9,000 samples each, 2026-11-24) and 0.032-0.132 on
+/// 2026-11-27; pyprof's 0.009-0.075 from py-spy's, the sampler pyprof had
+/// before its exact sampling 0.19-0.25.
 const REAL_TVD_BOUND: f64 = 0.08;
 /// Two py-spy runs further apart than this: the reference is unsteady.
 /// On a quiet machine Debian's static 3.11 put three pairs 0.073-0.078
@@ -668,7 +669,7 @@ fn measure_real_code(py: &Interpreter, pyspy: &Path) -> Outcome {
     let spread = tvd_top(&a, &b);
     let tvd = tvd_top(&p, &q);
     let text = format!(
-        "[{}] leaf shares in {REAL_UNDER} of {}: TVD over py-spy's {TOP_LEAVES} largest leaves, the rest pooled, {tvd:.3} (bound {REAL_TVD_BOUND}; py-spy's two runs {spread:.3} apart, at most {REAL_REFERENCE_SPREAD}); pyprof at {REAL_RATE_PYPROF} Hz, {n_p} of {} samples: {}; py-spy at {REAL_RATE_PYSPY} Hz, {} of {} samples: {}; its first run {}, its second {}",
+        "[{}] leaf shares in {REAL_UNDER} of {}: TVD over py-spy's {TOP_LEAVES} largest leaves, the rest pooled, {tvd:.3} (bound {REAL_TVD_BOUND} or py-spy's own spread if larger; py-spy's two runs {spread:.3} apart, at most {REAL_REFERENCE_SPREAD}); pyprof at {REAL_RATE_PYPROF} Hz, {n_p} of {} samples: {}; py-spy at {REAL_RATE_PYSPY} Hz, {} of {} samples: {}; its first run {}, its second {}",
         py.label,
         MODULES.join(", "),
         mine.samples,
@@ -679,9 +680,13 @@ fn measure_real_code(py: &Interpreter, pyspy: &Path) -> Outcome {
         fmt_top(&a, 3),
         fmt_top(&b, 3),
     );
+    // pyprof's one run varies from round to round as each py-spy run does:
+    // it is held to the bound, or to how far py-spy's own two runs were
+    // apart in this measurement, whichever is larger (a biased sampler,
+    // 0.19-0.25, is still far beyond either).
     if spread > REAL_REFERENCE_SPREAD {
         Outcome::Unsteady(text)
-    } else if tvd > REAL_TVD_BOUND {
+    } else if tvd > REAL_TVD_BOUND.max(spread) {
         Outcome::Beyond(text)
     } else {
         Outcome::Within(text)
