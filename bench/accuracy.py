@@ -71,6 +71,8 @@ import tempfile
 import threading
 import time
 
+from children import die_with_parent
+
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
 PYPROF = os.path.join(REPO, "target", "release", "pyprof")
@@ -189,7 +191,7 @@ class Target:
         self.py = py
         self.cmd = py.argv([py.script(script)] + [str(a) for a in args])
         self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)
+                                     stderr=subprocess.PIPE, preexec_fn=die_with_parent())
         self.pid = self.proc.pid
         self.lines = lines = queue.Queue()
 

@@ -40,6 +40,8 @@ import tempfile
 import threading
 import time
 
+from children import die_with_parent
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "steady_work.py")
@@ -149,7 +151,8 @@ def check_after(pid):
 
 class Target:
     def __init__(self, argv):
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                                     preexec_fn=die_with_parent())
         first = self.proc.stdout.readline()
         if not first.startswith("ready"):
             raise RuntimeError("target did not start: %r" % first)

@@ -74,6 +74,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True   # no bench/__pycache__ left in the work tree
 import accuracy  # noqa: E402  (bench/accuracy.py: the stack parsers and share helpers)
 
+from children import die_with_parent
+
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
 PYPROF = os.path.join(REPO, "target", "release", "pyprof")
@@ -178,7 +180,7 @@ class Target:
         self.lines = queue.Queue()
         self.stderr = open(os.path.join(workdir["host"], "target-%s-%s-%s.err" % (py.label, kind, arg)), "w")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=self.stderr, cwd=workdir["host"], preexec_fn=pinned(TARGET_CPU))
+                                     stderr=self.stderr, cwd=workdir["host"], preexec_fn=die_with_parent(pinned(TARGET_CPU)))
         self.pid = self.proc.pid
         threading.Thread(target=self._read, daemon=True).start()
         try:

@@ -68,6 +68,8 @@ import time
 import urllib.parse
 import urllib.request
 
+from children import die_with_parent
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PYENV_ROOT = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
@@ -512,7 +514,7 @@ class Targets:
         out = os.path.join(self.tmp, "out", "%d.json" % ident)
         err = open(out + ".err", "wb")
         argv = [exe, self.script, str(ident), str(lifetime), kind, str(self.args.duty), out]
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, preexec_fn=die_with_parent())
         err.close()
         row = {"id": ident, "pid": proc.pid, "python": label, "supported": supported(version), "kind": kind,
                "lifetime": lifetime, "started": time.monotonic(), "wall_started": time.time(), "proc": proc, "out": out}

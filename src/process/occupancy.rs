@@ -219,17 +219,36 @@ mod tests {
 
         assert!(!occ.ran_before(sleeper_tid, ins, u64::MAX), "a blocked thread seen running");
 
-        // A real-time spinner holds its CPU: off it only while the kernel
-        // lends it to starved tasks (a few % of the time at most).
+        // A real-time spinner holds its CPU, except while the kernel lends
+        // it to starved tasks: 50 ms of each second, all at once, which a
+        // window of 50 looks may fall in whole when other tests run beside
+        // this one. A window is judged only if the spinner's own run time
+        // (schedstat) shows it held the CPU through it.
         let cpu = crate::process::cpu_hog::one_at_a_time();
         if let Some(hog) = crate::process::cpu_hog::Hog::on(last) {
-            let mut off = 0;
-            for _ in 0..50 {
-                occ.poll();
-                off += usize::from(occ.off_cpu(hog.tid()).is_some());
-                std::thread::sleep(Duration::from_micros(200));
+            let ran_ns = || {
+                let stat = std::fs::read_to_string(format!("/proc/self/task/{}/schedstat", hog.tid())).unwrap();
+                stat.split_whitespace().next().unwrap().parse::<u64>().unwrap()
+            };
+            let mut judged = Vec::new();
+            for _ in 0..10 {
+                let (ran0, t0) = (ran_ns(), monotonic_ns());
+                let mut off = 0;
+                for _ in 0..50 {
+                    occ.poll();
+                    off += usize::from(occ.off_cpu(hog.tid()).is_some());
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                let held = (ran_ns() - ran0) as f64 / (monotonic_ns() - t0) as f64;
+                if held >= 0.9 {
+                    judged.push(off);
+                    if judged.len() == 3 {
+                        break;
+                    }
+                }
             }
-            assert!(off < 10, "a thread that holds its CPU proven off it {off} times in 50");
+            assert!(!judged.is_empty(), "the spinner never held its CPU through a window");
+            assert!(judged.iter().all(|&off| off < 10), "a thread that held its CPU proven off it, times in 50 per window: {judged:?}");
         }
         drop(cpu);
 

@@ -205,6 +205,21 @@ impl Interpreter {
     }
 }
 
+/// A target outlives a test binary killed mid-test (a time limit, ^C)
+/// unless the kernel ends it: one left spinning on a CPU of this two-CPU
+/// machine skewed every timing taken after it. The signal comes when the
+/// thread that started it ends, which is the test that owns it.
+fn die_with_this_thread(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            Ok(())
+        });
+    }
+}
+
 /// Start any argv (a target under strace, a Python with -X options) and wait
 /// for its first stdout line, like [`Interpreter::spawn`].
 pub fn spawn_argv(label: &str, argv: &[String]) -> TargetProcess {
@@ -214,6 +229,7 @@ pub fn spawn_argv(label: &str, argv: &[String]) -> TargetProcess {
 }
 
 fn spawn_command(label: &str, mut cmd: Command, argv: &[String]) -> TargetProcess {
+    die_with_this_thread(&mut cmd);
     let mut child =
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap_or_else(|e| panic!("{label}: cannot start {argv:?}: {e}"));
     watchdog::target_started(child.id());
