@@ -278,8 +278,8 @@ def run_case(pyprof, label, exe, chroot, name, args, rng, tmp):
             time.sleep(0.06)
             handled = target.handled(seen)
             if not wrong and handled and all(l.startswith("trap ") for l in handled):
-                # A thread let go with a step armed (see docs/performance.md):
-                # counted apart, as the one failure still known.
+                # A thread let go with a step armed, when pyprof single-stepped
+                # (docs/performance.md): counted apart, to tell it from others.
                 row["sigtrap"] += 1
                 row["failures"].append("%s kill at %.4f s: stray SIGTRAP (%s)" % (kind, at, ", ".join(handled)))
             elif not wrong and handled:

@@ -18,9 +18,9 @@
 //!   microseconds of the first read (counted, as `moved`).
 //! - A thread can be stopped halfway through the few stores that push or
 //!   pop a frame (3.11–3.12 name a new `_PyCFrame` before filling it in):
-//!   its stack cannot be walked at that instant. It is then stepped on, a
-//!   machine instruction at a time, until the update is complete: the
-//!   instant moves by nanoseconds (counted, as `stepped`).
+//!   its stack cannot be walked at that instant. It is then let run on a
+//!   few microseconds and held again, until the update is complete: the
+//!   instant moves by that much (counted, as `stepped`; see `steps`).
 //!
 //! A holder on no CPU (preempted, or blocked holding the GIL) is not
 //! stopped: the kernel's context-switch records (`process::occupancy`, `process::run_states`) prove
@@ -114,12 +114,12 @@ struct Pending<H> {
     /// Its threads, held or on their way to a stop.
     held: H,
     since: std::time::Instant,
-    /// Instructions stepped so far.
+    /// Microseconds run on so far ([`Steps::taken`]).
     steps: u32,
 }
 
-/// How long a step is waited for before the snapshot is put off: a thread
-/// with a CPU to take it on stops again in tens of microseconds.
+/// How long a frozen holder's stop is waited for before the snapshot is put
+/// off: a thread with a CPU to take it on stops in tens of microseconds.
 const STEP_LOOK: Duration = Duration::from_millis(1);
 
 /// How long a snapshot may be put off; past this it waits as it would have
@@ -130,18 +130,16 @@ const MAX_DEFER: Duration = Duration::from_millis(100);
 impl Acquirer for Exact {
     /// One snapshot of every thread, at one instant (see the module header).
     ///
-    /// With [`HoldPolicy::may_defer`], a holder held halfway through a
-    /// frame update, which must be stepped an instruction or a few to be
-    /// read, may be finished at a later tick: a step needs a CPU, and so
-    /// does a frozen holder's stop (on no CPU, its stop pending). Most steps
-    /// stop again within microseconds, on the CPU the thread just left; but
-    /// on a busy machine a thread let go of its CPU waits its turn for
-    /// another, tens of milliseconds that the tick would wait for every
-    /// process sampled (16 workers pinned to one CPU: 60 ms a few times a
-    /// second). So a step that has not stopped within [`STEP_LOOK`] (or a
-    /// frozen holder's stop) is left to come; at each tick after, it is
-    /// looked at without waiting, and once it has stopped the snapshot is
-    /// read (stepped on if need be) and counts for the tick it was taken at.
+    /// With [`HoldPolicy::may_defer`], a holder caught halfway through a
+    /// frame update that is frozen (interrupted on no CPU, its stop
+    /// pending) may be finished at a later tick: its stop needs a CPU, and
+    /// on a busy machine a thread waits its turn for one for tens of
+    /// milliseconds that the tick would wait for every process sampled (16
+    /// workers pinned to one CPU: 60 ms a few times a second). So a stop
+    /// that has not come within [`STEP_LOOK`] is left to come; at each tick
+    /// after, it is looked at without waiting, and once it has come the
+    /// snapshot is read (run on if need be) and counts for the tick it was
+    /// taken at.
     /// The ticks in between take no sample of this process: it stands held
     /// in that state, and counting it there would count the hold.
     fn take(&mut self, a: &Attached, python: &mut Snapshotter, needs: SnapshotNeeds, policy: HoldPolicy, _: Option<WhileHeld>) -> Result<Taken> {

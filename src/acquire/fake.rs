@@ -137,10 +137,8 @@ pub struct FakeHeld {
     script: Rc<RefCell<Script>>,
     pid: i32,
     held: Vec<i32>,
-    /// Interrupted or set stepping, their stop not taken in yet.
+    /// Interrupted, their stop not taken in yet.
     frozen: Vec<i32>,
-    /// Of the frozen, those set stepping (their stop is a step's).
-    stepping: Vec<i32>,
 }
 
 impl FakeHeld {
@@ -211,27 +209,12 @@ impl Held for FakeHeld {
         if !self.script.borrow().steps_stop {
             return self.frozen.is_empty();
         }
-        for tid in std::mem::take(&mut self.frozen) {
-            if self.stepping.contains(&tid) {
-                self.stepped(tid, 1);
-            }
-            self.held.push(tid);
-        }
-        self.stepping.clear();
+        let frozen = std::mem::take(&mut self.frozen);
+        self.held.extend(frozen);
         true
     }
 
-    fn start_step(&mut self, tid: i32) -> bool {
-        if !self.holds(tid) {
-            return false;
-        }
-        self.held.retain(|&t| t != tid);
-        self.frozen.push(tid);
-        self.stepping.push(tid);
-        true
-    }
-
-    fn step(&mut self, tid: i32, n: u32) -> bool {
+    fn run_on(&mut self, tid: i32, n: u32) -> bool {
         if self.frozen.contains(&tid) && !self.settle_frozen(Duration::ZERO) {
             return false;
         }
@@ -268,7 +251,7 @@ impl Live for Fake {
 
     fn hold_none(&self, _policy: HoldPolicy) -> FakeHeld {
         self.script.borrow_mut().holds += 1;
-        FakeHeld { mem: self.mem.clone(), script: self.script.clone(), pid: self.pid(), held: Vec::new(), frozen: Vec::new(), stepping: Vec::new() }
+        FakeHeld { mem: self.mem.clone(), script: self.script.clone(), pid: self.pid(), held: Vec::new(), frozen: Vec::new() }
     }
 
     fn threads(&self) -> Vec<i32> {

@@ -28,10 +28,9 @@ pub trait Held {
     fn is_frozen(&self, tid: i32) -> bool;
     /// Wait up to `wait` for the frozen threads to stop: true when all have.
     fn settle_frozen(&mut self, wait: Duration) -> bool;
-    /// Set a held thread stepping one instruction, without waiting.
-    fn start_step(&mut self, tid: i32) -> bool;
-    /// Step a held thread `n` instructions: false if it did not stop again.
-    fn step(&mut self, tid: i32, n: u32) -> bool;
+    /// Let a held thread run on for `micros` µs or so and hold it again:
+    /// false if it did not stop again, or did not move.
+    fn run_on(&mut self, tid: i32, micros: u32) -> bool;
     /// Whether it was job-stopped (SIGSTOP) before it was held.
     fn was_job_stopped(&self, tid: i32) -> bool;
     fn is_empty(&self) -> bool;
@@ -146,12 +145,8 @@ impl Held for Stopped {
         Stopped::settle_frozen(self, wait)
     }
 
-    fn start_step(&mut self, tid: i32) -> bool {
-        Stopped::start_step(self, tid)
-    }
-
-    fn step(&mut self, tid: i32, n: u32) -> bool {
-        Stopped::step(self, tid, n)
+    fn run_on(&mut self, tid: i32, micros: u32) -> bool {
+        Stopped::run_on(self, tid, micros)
     }
 
     fn was_job_stopped(&self, tid: i32) -> bool {

@@ -40,15 +40,12 @@ pub struct Stopped {
     frozen: Vec<i32>,
     /// How this snapshot's waits for stops behave.
     policy: HoldPolicy,
-    /// Frozen threads set stepping ([`Stopped::start_step`]): once at their
-    /// stop, their step is undone ([`unstep`]).
-    stepping: Vec<i32>,
 }
 
 impl Stopped {
     /// None held yet; [`Stopped::add`] stops some.
     pub fn none(pid: i32, policy: HoldPolicy) -> Stopped {
-        Stopped { pid, threads: Vec::new(), reached: Vec::new(), started: None, job_stopped: Vec::new(), frozen: Vec::new(), policy, stepping: Vec::new() }
+        Stopped { pid, threads: Vec::new(), reached: Vec::new(), started: None, job_stopped: Vec::new(), frozen: Vec::new(), policy }
     }
 
     /// Registers of `tid`, if it reached its stop (and they were asked for).
@@ -78,7 +75,7 @@ impl Stopped {
     }
 
     /// Whether `tid` is frozen (interrupted, on no CPU) and has not
-    /// reached its stop yet: it cannot be stepped until it does.
+    /// reached its stop yet: it cannot be run on until it does.
     pub fn is_frozen(&self, tid: i32) -> bool {
         self.frozen.contains(&tid)
     }
@@ -93,11 +90,6 @@ impl Stopped {
         for tid in frozen {
             match wait_stop_kind_until(self.pid, tid, until, Some(HoldPolicy { spin_for_stops: false, ..self.policy })) {
                 Some(Some((sig, job_stop))) => {
-                    let was_stepping = self.stepping.contains(&tid);
-                    self.stepping.retain(|&t| t != tid);
-                    if was_stepping && sig == 0 && !unstep(self.pid, tid, self.policy) {
-                        continue;
-                    }
                     self.reached.push(tid);
                     if job_stop {
                         self.job_stopped.push(tid);
@@ -117,112 +109,86 @@ impl Stopped {
         self.frozen.is_empty()
     }
 
-    /// Set held thread `tid` running one machine instruction, without
-    /// waiting for it: it counts as frozen (see [`Stopped::settle_frozen`])
-    /// until its step's stop is taken in. False (and held as it is) when
-    /// it stands at a system call or the step was refused.
-    pub fn start_step(&mut self, tid: i32) -> bool {
-        if !self.holds(tid) || in_or_at_syscall(tid) || sigtrap_not_default(self.pid, tid) || self.job_stopped.contains(&tid) {
-            return false;
-        }
-        // SAFETY: no pointers.
-        if unsafe { libc::ptrace(libc::PTRACE_SINGLESTEP, tid, 0usize, 0usize) } != 0 {
-            return false;
-        }
-        self.reached.retain(|&t| t != tid);
-        self.frozen.push(tid);
-        self.stepping.push(tid);
-        true
-    }
-
-    /// Let held thread `tid` run `n` more machine instructions
-    /// (PTRACE_SINGLESTEP) and hold it again: for a thread stopped halfway
-    /// through the few stores of an update of its frames, which a handful
-    /// of instructions later is done. False if it is not held after.
-    pub fn step(&mut self, tid: i32, n: u32) -> bool {
+    /// Let held thread `tid` run on for `micros` µs or so and hold it
+    /// again: for a thread stopped halfway through the few stores of an
+    /// update of its frames, which are done by then (the caller doubles
+    /// `micros` while they are not). False if it is not held after, or
+    /// did not move.
+    ///
+    /// Resumed and interrupted, never single-stepped: a step arms the trap
+    /// flag, which only a detach or a resume that is not a step clears,
+    /// and a tracer SIGKILLed mid-step makes neither (the kernel's
+    /// `exit_ptrace` unlinks the tracee without `ptrace_disable`): the
+    /// thread's next instruction raised a SIGTRAP that killed the target
+    /// (bench/kill_anywhere.py: 10 of 690 kills). A tracer killed while
+    /// the thread runs on leaves nothing behind: the unlink drops the
+    /// pending interrupt. The price is the instant, moved by tens of
+    /// microseconds instead of a few instructions, on the ticks that land
+    /// mid-update (time_slices.py, 3.12, 10 kHz: 155 of 30,000).
+    pub fn run_on(&mut self, tid: i32, micros: u32) -> bool {
         if self.frozen.contains(&tid) {
-            // Stepped from its stop: that stop is waited for first.
+            // Interrupted with no CPU to stop on: that stop is waited for first.
             self.frozen.retain(|&t| t != tid);
-            let was_stepping = self.stepping.contains(&tid);
-            self.stepping.retain(|&t| t != tid);
-            match wait_stop_kind(self.pid, tid, self.policy) {
-                Some(Some((sig, _))) if !was_stepping || sig != 0 || unstep(self.pid, tid, self.policy) => {
-                    self.reached.push(tid);
-                    if let Some(t) = self.threads.iter_mut().find(|t| t.0 == tid) {
-                        t.2 = sig;
-                    }
-                }
-                _ => {}
+            if let Some(Some((sig, job_stop))) = wait_stop_kind(self.pid, tid, self.policy) {
+                self.taken_in(tid, sig, job_stop);
             }
         }
-        if !self.holds(tid) {
+        // One its shell has stopped must not run: that would run its code.
+        if !self.holds(tid) || self.job_stopped.contains(&tid) || in_or_at_syscall(tid) {
             return false;
         }
-        // Nor is one its shell has stopped: a step would run its code.
-        if sigtrap_not_default(self.pid, tid) || self.job_stopped.contains(&tid) {
-            return false;
-        }
-        // At a step's own stop, its SIGTRAP is pending: the next step (or a
-        // detach) from there discards it, but a tracer that died would leave
-        // it to kill the target. So the last stop of a burst is turned into
-        // a plain one ([`unstep`]) before the thread is read: once per burst,
-        // not per instruction, as each costs a resume and a stop while the
-        // target is held (per instruction, a stepped snapshot held a 3.12
-        // target ~0.5 ms and moved the churn test's split by 2-3 pp).
-        let mut at_step = false;
-        for _ in 0..n {
-            if in_or_at_syscall(tid) {
-                // Held where it is; the caller reads it as it stands.
-                if at_step && !unstep(self.pid, tid, self.policy) {
-                    self.reached.retain(|&t| t != tid);
-                }
-                return false;
-            }
+        let Some(before) = user_regs(tid) else { return false };
+        let mut wait = Duration::from_micros(u64::from(micros.max(1)));
+        for _ in 0..RUN_ON_TRIES {
             // SAFETY: no pointers.
-            if unsafe { libc::ptrace(libc::PTRACE_SINGLESTEP, tid, 0usize, 0usize) } != 0 {
+            if unsafe { libc::ptrace(libc::PTRACE_CONT, tid, 0usize, 0usize) } != 0 {
                 self.reached.retain(|&t| t != tid);
                 return false;
             }
-            match wait_stop(self.pid, tid, self.policy) {
-                // A step (SIGTRAP), or a signal that arrived first.
-                Some(Some(sig)) => {
-                    if sig != 0 {
-                        // Not the step: held at this stop, which a detach
-                        // turns back into the signal's delivery (from any
-                        // other stop, it would drop the signal).
-                        if let Some(t) = self.threads.iter_mut().find(|t| t.0 == tid) {
-                            t.2 = sig;
-                        }
+            self.reached.retain(|&t| t != tid);
+            // Sleeping, not spinning: on a machine with few CPUs the thread
+            // may need this very one to run on.
+            std::thread::sleep(wait);
+            // SAFETY: no pointers.
+            unsafe {
+                libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize);
+            }
+            match wait_stop_kind(self.pid, tid, self.policy) {
+                Some(Some((sig, job_stop))) => {
+                    self.taken_in(tid, sig, job_stop);
+                    // A signal came first, or its shell stopped it: held as
+                    // it is (only a detach from this stop delivers the signal).
+                    if sig != 0 || job_stop {
                         return false;
                     }
-                    at_step = true;
                 }
-                // It ran into something slow (a system call): hold it again.
-                Some(None) => {
-                    // SAFETY: no pointers.
-                    unsafe {
-                        libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize);
-                    }
-                    if !matches!(wait_stop(self.pid, tid, self.policy), Some(Some(_))) || !unstep(self.pid, tid, self.policy) {
-                        self.reached.retain(|&t| t != tid);
-                    }
-                    return false;
-                }
-                None => {
-                    self.reached.retain(|&t| t != tid);
-                    return false;
-                }
+                // Not stopped within the timeout (blocked where a signal
+                // cannot reach it): let go at drop, once it stops.
+                Some(None) | None => return false,
             }
+            let Some(now) = user_regs(tid) else { return false };
+            if (now.rip, now.rsp) != (before.rip, before.rsp) {
+                // Registers asked for are those of the thread as held now.
+                if let Some(t) = self.threads.iter_mut().find(|t| t.0 == tid && t.1.is_some()) {
+                    t.1 = Some(Regs { ip: now.rip, sp: now.rsp, bp: now.rbp });
+                }
+                return true;
+            }
+            // Interrupted before it left the kernel (it had no CPU yet): longer.
+            wait *= 4;
         }
-        if at_step && !unstep(self.pid, tid, self.policy) {
-            self.reached.retain(|&t| t != tid);
-            return false;
+        false
+    }
+
+    /// `tid` reached a stop: held, with the signal to pass on when let go.
+    fn taken_in(&mut self, tid: i32, sig: i32, job_stop: bool) {
+        self.reached.push(tid);
+        if job_stop && !self.job_stopped.contains(&tid) {
+            self.job_stopped.push(tid);
         }
-        // Registers asked for are those of the thread as held now.
-        if let Some(t) = self.threads.iter_mut().find(|t| t.0 == tid && t.1.is_some()) {
-            t.1 = get_regs(tid);
+        if let Some(t) = self.threads.iter_mut().find(|t| t.0 == tid) {
+            t.2 = sig;
         }
-        true
     }
 
     /// Stop `tids` too (those not held already), with their registers if
@@ -328,27 +294,9 @@ impl Drop for Stopped {
     }
 }
 
-/// Undo the step of held thread `tid`, which stands at a step's stop: the
-/// kernel marks a stepped thread to trap after its next instruction (and at
-/// its next system call's return), and only a resume that is not a step
-/// clears the mark; a detach does, but if pyprof dies the kernel lets the
-/// thread go marked, and its next instruction raises a SIGTRAP that kills
-/// the target (bench/kill_anywhere.py: 4 of 10 kills aimed at a stop on
-/// 3.12 did). Resumed with an interrupt pending, it stops again in the
-/// kernel, before it runs a user instruction. False if it did not stop
-/// again (it is then still seized, and let go at drop). Not for a stop
-/// that brings a signal to pass on: only a detach from that very stop
-/// delivers it.
-fn unstep(pid: i32, tid: i32, policy: HoldPolicy) -> bool {
-    // SAFETY: no pointers.
-    unsafe {
-        libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize);
-        if libc::ptrace(libc::PTRACE_CONT, tid, 0usize, 0usize) != 0 {
-            return false;
-        }
-    }
-    matches!(wait_stop(pid, tid, policy), Some(Some(_)))
-}
+/// Resumes of one [`Stopped::run_on`] before it gives up on a thread
+/// that did not move (each waits four times longer than the last).
+const RUN_ON_TRIES: u32 = 3;
 
 /// How long a release waits, at most, for job-stopped threads to be back in their stop.
 const JOB_STOP_RETURN: Duration = Duration::from_millis(200);
@@ -515,21 +463,6 @@ fn wait_stop_kind_until(pid: i32, tid: i32, deadline: Instant, policy: Option<Ho
     }
 }
 
-/// Whether `tid` ignores or blocks SIGTRAP (or that cannot be read): a
-/// step's SIGTRAP, which the kernel forces, would then reset the target's
-/// SIGTRAP to its default action, and the next SIGTRAP it is sent would
-/// kill it (tests/job_control.rs: a 3.12 target ignoring SIGTRAP died of
-/// one once sampled at 10 kHz). Such a thread is not stepped.
-fn sigtrap_not_default(pid: i32, tid: i32) -> bool {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")) else { return true };
-    let mask = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| u64::from_str_radix(v.trim(), 16).ok());
-    let bit = 1u64 << (libc::SIGTRAP - 1);
-    match (mask("SigIgn:"), mask("SigBlk:")) {
-        (Some(ign), Some(blk)) => (ign | blk) & bit != 0,
-        _ => true,
-    }
-}
-
 /// Whether the signal `tid` stopped with was sent by a process (kill,
 /// tgkill, sigqueue), not raised by the kernel: a SIGTRAP someone sent the
 /// target is its own, and must reach it (it was dropped as if it were our
@@ -645,13 +578,13 @@ const SPIN_FOR_STOP: Duration = Duration::from_micros(50);
 
 /// Whether held thread `tid` stopped inside a system call that will be
 /// restarted, or its next instruction enters one (`syscall`, `sysenter`,
-/// `int 0x80`). Stepped there, it runs the whole call: a blocking one held
-/// it until the stop timed out (100 ms, in `subprocess`'s wait for its
-/// child), and the kernel reports the step at the call's return with a
-/// SIGTRAP that comes after the thread is let go, and kills the program
-/// (a 3.8 target under `--subprocesses` exited with 133 once in 20 runs).
-/// A frame update is a few stores: it never needs a step into the kernel.
-/// Unreadable registers or text count as a system call: no step.
+/// `int 0x80`). Run on from there, it enters the call, and one that
+/// sleeps where a signal cannot reach it holds the snapshot until it
+/// returns (up to the stop's timeout, 100 ms); when this single-stepped,
+/// the step's trap at the call's return killed a 3.8 target under
+/// `--subprocesses` once in 20 runs. A frame update is a few stores: it
+/// never needs the kernel. Unreadable registers or text count as a
+/// system call: the thread is read as it stands.
 fn in_or_at_syscall(tid: i32) -> bool {
     let Some(r) = user_regs(tid) else { return true };
     // Stopped in a call the kernel restarts once the thread resumes
@@ -767,11 +700,11 @@ mod tests {
         None
     }
 
-    /// A SIGTRAP someone sent a held thread is its own: the step that takes
-    /// it in passes it on, and the shell (which leaves SIGTRAP at its
+    /// A SIGTRAP someone sent a held thread is its own: the run-on that
+    /// takes it in passes it on, and the shell (which leaves SIGTRAP at its
     /// default) dies of it as it would have unprofiled.
     #[test]
-    fn a_sigtrap_sent_to_a_stepped_thread_reaches_it() {
+    fn a_sigtrap_sent_to_a_thread_run_on_reaches_it() {
         use std::os::unix::process::ExitStatusExt;
         let mut child = Busy(std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap());
         let pid = child.pid();
@@ -780,89 +713,80 @@ mod tests {
         assert!(stopped.holds(pid));
         // SAFETY: plain syscall.
         unsafe { libc::kill(pid, libc::SIGTRAP) };
-        stopped.step(pid, 1);
+        stopped.run_on(pid, 1);
         drop(stopped);
         let status = ended(&mut child.0).expect("the shell ran on: the SIGTRAP sent to it was lost");
         assert_eq!(status.signal(), Some(libc::SIGTRAP), "{status:?}");
     }
 
-    /// A tracer that dies (SIGKILL) holding a thread it has stepped leaves
-    /// no step armed in it: the thread runs on, with no SIGTRAP.
+    /// Run on, a held thread moves and is held again, with its registers
+    /// as they are now.
     #[test]
-    fn a_thread_stepped_by_a_tracer_that_dies_runs_on() {
-        let mut child = Busy(std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap());
-        let pid = child.pid();
-        let mut fds = [0; 2];
-        // SAFETY: fds is a valid out array; the forked tracer only makes
-        // system calls and allocates (glibc's fork leaves malloc usable),
-        // then waits to be killed.
-        unsafe {
-            assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
-            let tracer = libc::fork();
-            if tracer == 0 {
-                let mut stopped = Stopped::none(pid, HoldPolicy::default());
-                let ok = stopped.add(&[pid], true).is_ok() && stopped.step(pid, 3) && stopped.holds(pid);
-                libc::write(fds[1], [u8::from(ok)].as_ptr().cast(), 1);
-                loop {
-                    libc::pause();
-                }
-            }
-            let mut ok = [0u8];
-            assert_eq!(libc::read(fds[0], ok.as_mut_ptr().cast(), 1), 1);
-            libc::kill(tracer, libc::SIGKILL);
-            libc::waitpid(tracer, std::ptr::null_mut(), 0);
-            libc::close(fds[0]);
-            libc::close(fds[1]);
-            assert_eq!(ok[0], 1, "the tracer could not step the shell");
-        }
-        if let Some(status) = ended(&mut child.0) {
-            panic!("the stepped shell died once its tracer did: {status:?}");
-        }
-        assert_eq!(status_field(pid, "TracerPid:").as_deref(), Some("0"));
-    }
-
-    /// A step set going on a held thread that has no CPU to take it on is
-    /// not waited for: the thread counts as frozen, looking costs nothing,
-    /// and once it gets its CPU it stops after one instruction, held again
-    /// one instruction further on.
-    #[test]
-    fn a_step_started_without_a_cpu_is_taken_in_later() {
-        let _cpu = crate::process::cpu_hog::one_at_a_time();
-        let child = Busy::on(last_cpu());
+    fn a_thread_run_on_moves_and_is_held_again() {
+        let child = Busy(std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap());
         let pid = child.pid();
         let mut stopped = Stopped::none(pid, HoldPolicy::default());
         stopped.add(&[pid], true).unwrap();
-        assert!(stopped.holds(pid));
         let before = stopped.regs(pid).expect("registers at the stop");
-        let Some(hog) = crate::process::cpu_hog::Hog::on(last_cpu()) else { return };
-        // A step that came to its stop had the CPU lent (see the test
-        // above): tried again, from one instruction further on.
-        let mut tries = 0;
-        let mut before = before;
-        loop {
-            assert!(stopped.start_step(pid), "the step was refused");
-            assert!(stopped.is_frozen(pid) && !stopped.holds(pid));
-            let looked = Instant::now();
-            let stepped = stopped.settle_frozen(Duration::ZERO);
-            assert!(looked.elapsed() < Duration::from_millis(5), "looking waited {:?}", looked.elapsed());
-            tries += 1;
-            if !stepped || tries == 5 {
-                assert!(!stepped, "stepped with no CPU to step on, {tries} times");
-                break;
-            }
-            before = get_regs(pid).expect("registers after a step");
-        }
-        drop(hog);
-        let end = Instant::now() + Duration::from_secs(5);
-        while !stopped.settle_frozen(Duration::ZERO) {
-            assert!(Instant::now() < end, "the step never came to its stop");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        assert!(stopped.run_on(pid, 1), "did not move");
         assert!(stopped.holds(pid));
-        // One instruction further: the shell loop moved on, if only by one.
-        let after = get_regs(pid).expect("registers after the step");
-        assert_ne!(before.ip, after.ip, "the step ran no instruction");
+        let after = stopped.regs(pid).expect("registers after");
+        assert_ne!((before.ip, before.sp), (after.ip, after.sp));
+        assert_eq!(get_regs(pid).map(|r| r.ip), Some(after.ip), "registers kept are not those it is held with");
         drop(stopped);
         assert_eq!(status_field(pid, "TracerPid:").as_deref(), Some("0"));
+    }
+
+    /// A tracer SIGKILLed while a thread it holds runs on, or after, leaves
+    /// nothing armed in it: the thread runs on, with no SIGTRAP. The
+    /// thread is kept off its CPU (a real-time spinner holds it) so the kill
+    /// lands while its turn is under way: a single step there used to be
+    /// let go with the trap flag set, and the shell died of SIGTRAP.
+    #[test]
+    fn a_tracer_killed_while_its_thread_runs_on_leaves_nothing_armed() {
+        let _cpu = crate::process::cpu_hog::one_at_a_time();
+        for mid_turn in [false, true] {
+            let mut child = Busy::on(last_cpu());
+            let pid = child.pid();
+            let mut fds = [0; 2];
+            let hog = if mid_turn { crate::process::cpu_hog::Hog::on(last_cpu()) } else { None };
+            if mid_turn && hog.is_none() {
+                return;
+            }
+            // SAFETY: fds is a valid out array; the forked tracer only makes
+            // system calls and allocates (glibc's fork leaves malloc usable),
+            // then waits to be killed.
+            unsafe {
+                assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+                let tracer = libc::fork();
+                if tracer == 0 {
+                    let mut stopped = Stopped::none(pid, HoldPolicy::default());
+                    let ok = stopped.add(&[pid], true).is_ok() && (mid_turn || stopped.run_on(pid, 3)) && (mid_turn || stopped.holds(pid));
+                    libc::write(fds[1], [u8::from(ok)].as_ptr().cast(), 1);
+                    if mid_turn {
+                        stopped.run_on(pid, 1);
+                    }
+                    loop {
+                        libc::pause();
+                    }
+                }
+                let mut ok = [0u8];
+                assert_eq!(libc::read(fds[0], ok.as_mut_ptr().cast(), 1), 1);
+                if mid_turn {
+                    // Into its wait for the thread's stop, which has no CPU to come on.
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                libc::kill(tracer, libc::SIGKILL);
+                libc::waitpid(tracer, std::ptr::null_mut(), 0);
+                libc::close(fds[0]);
+                libc::close(fds[1]);
+                assert_eq!(ok[0], 1, "the tracer could not hold the shell (mid turn: {mid_turn})");
+            }
+            drop(hog);
+            if let Some(status) = ended(&mut child.0) {
+                panic!("the shell died once its tracer did (mid turn: {mid_turn}): {status:?}");
+            }
+            assert_eq!(status_field(pid, "TracerPid:").as_deref(), Some("0"));
+        }
     }
 }

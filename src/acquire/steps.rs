@@ -1,21 +1,25 @@
-//! Stepping held threads out of half-done frame updates.
+//! Moving held threads out of half-done frame updates.
 //!
 //! A thread can be stopped halfway through the few stores that push or pop
 //! a frame (3.11–3.12 name a new `_PyCFrame` before filling it in): its
-//! stack cannot be walked at that instant. It is stepped on, a machine
-//! instruction at a time in doubling bursts, until the update is complete:
-//! the instant moves by nanoseconds.
+//! stack cannot be walked at that instant. It is let run on for a moment
+//! and held again (`ptrace::Stopped::run_on`), for longer each time the
+//! update is still not done: the instant moves by tens of microseconds, on
+//! the few ticks (0-0.5 %) that land mid-update. Never by single steps: a
+//! pyprof killed mid-step left the trap flag armed, and the target died of
+//! the SIGTRAP that followed.
 
 use super::live::Held;
 use crate::stack::ThreadStack;
 
-/// Instructions a held thread is stepped at most, in doubling bursts, to
-/// finish a half-done frame update (a push is a few dozen).
-const MAX_STEPS: u32 = 1024;
+/// Microseconds a held thread is let run on at most, in doubling turns,
+/// before its half-done update is given up (recorded as torn).
+const MAX_RUN_ON_MICROS: u32 = 1024;
 
 #[derive(Default)]
 pub struct Steps {
-    /// Instructions stepped so far.
+    /// Microseconds asked for so far (the `stepped` count is of snapshots
+    /// where this is not zero).
     pub taken: u32,
 }
 
@@ -25,35 +29,31 @@ fn half_done(stopped: &impl Held, threads: &[ThreadStack]) -> Vec<i32> {
 }
 
 impl Steps {
-    /// Step every held thread whose stack could not be walked in `threads`
-    /// by the next burst of instructions. False when there is none, the
-    /// budget is spent, or a thread would not stop again: then `threads`
-    /// stands as it is.
-    /// True when every half-done thread is frozen (its stop pending), to
-    /// be looked at later and stepped once it has stopped. A held one is
-    /// not set stepping to be looked at later ([`Held::start_step`]):
-    /// if pyprof died meanwhile, the kernel would let it go with its step
-    /// armed, and the SIGTRAP after its next instruction would kill the
-    /// target (bench/kill_anywhere.py). It is stepped now, by
-    /// [`Steps::step_half_done`].
+    /// True when every half-done thread in `threads` is frozen (its stop
+    /// pending, no CPU to reach it on): the snapshot is then finished at a
+    /// later tick, once they have stopped, instead of waiting now.
     pub fn start_half_done(&mut self, stopped: &mut impl Held, threads: &[ThreadStack]) -> bool {
-        if self.taken >= MAX_STEPS {
+        if self.taken >= MAX_RUN_ON_MICROS {
             return false;
         }
         let half_done = half_done(stopped, threads);
         !half_done.is_empty() && half_done.iter().all(|&t| stopped.is_frozen(t))
     }
 
+    /// Let every held thread whose stack could not be walked in `threads`
+    /// run on for the next turn. False when there is none, the budget is
+    /// spent, or a thread did not stop again or move: then `threads`
+    /// stands as it is.
     pub fn step_half_done(&mut self, stopped: &mut impl Held, threads: &[ThreadStack]) -> bool {
-        let burst = self.taken.max(1);
-        if self.taken >= MAX_STEPS {
+        let turn = self.taken.max(1);
+        if self.taken >= MAX_RUN_ON_MICROS {
             return false;
         }
         let half_done = half_done(stopped, threads);
-        if half_done.is_empty() || !half_done.iter().all(|&t| stopped.step(t, burst)) {
+        if half_done.is_empty() || !half_done.iter().all(|&t| stopped.run_on(t, turn)) {
             return false;
         }
-        self.taken += burst;
+        self.taken += turn;
         true
     }
 }

@@ -41,8 +41,8 @@ impl Acquirer for StopAll {
             counts
         };
         let mut threads = walk(python)?;
-        // A held thread caught halfway through pushing a frame: stepped on
-        // (its registers read again), as the exact acquirer does.
+        // A held thread caught halfway through pushing a frame: run on a
+        // moment (its registers read again), as the exact acquirer does.
         let mut steps = Steps::default();
         while steps.step_half_done(&mut stopped, &threads) {
             python.recycle(threads);
