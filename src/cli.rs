@@ -279,9 +279,9 @@ pub struct RecordArgs {
 
     /// How stacks are taken. ptrace (the default): the GIL holder stopped
     /// for each read; kernel: copied by an eBPF program at the sampling
-    /// interrupt, nothing stopped (root or CAP_BPF+CAP_PERFMON; --mode cpu
-    /// and gil; its accuracy is not yet within 2 pp on every interpreter);
-    /// nonblocking: as --nonblocking; auto: kernel where it can, else ptrace.
+    /// interrupt, nothing stopped (root or CAP_BPF+CAP_PERFMON; --mode wall,
+    /// cpu and gil; threads on no CPU are read from user space, proven off
+    /// CPU); nonblocking: as --nonblocking; auto: kernel where it can, else ptrace.
     #[arg(long, value_enum, default_value = "ptrace")]
     pub sampler: SamplerArg,
 

@@ -105,6 +105,32 @@ fn deep_stack_is_cut_at_the_bound_and_marked() {
     });
 }
 
+/// `--mode wall`: the spinning thread is sampled at the interrupt, the
+/// sleeping and the waiting one from user space while proven off CPU, and
+/// each gets one sample a tick, whichever half took it: a thread counted
+/// by both halves (as the spinner was when the tick's own wake-up pushed
+/// it off its CPU) or by neither would stand out from the others.
+#[test]
+fn wall_mode_samples_every_thread_once_a_tick_from_either_half() {
+    for_each_interpreter(|py| {
+        let target = py.spawn("modes.py", &[]);
+        let (p, stderr) = record_kernel(target.pid(), &["--mode", "wall", "-r", "1000"], "1", "kernel-wall");
+        if !kernel_ran(&p, &stderr, &py.label) {
+            return;
+        }
+        let k = p.meta.sampling.kernel.as_ref().expect("meta.sampling.kernel");
+        let of = |function: &str| -> u64 { stacks(&p).iter().filter(|(s, _)| s.iter().any(|f| f == function)).map(|(_, n)| n).sum() };
+        let (spin, sleep, wait) = (of("spinning_main"), of("sleeping_thread"), of("waiting_thread"));
+        let label = format!("[{}] spinning/sleeping/waiting {spin}/{sleep}/{wait} samples over {} ticks; {k:?}", py.label, k.wall_ticks);
+        assert!(k.wall_ticks >= 500 && k.records > 0 && k.off_cpu > 0, "{label}");
+        for n in [spin, sleep, wait] {
+            let ratio = n as f64 / k.wall_ticks as f64;
+            assert!((0.85..=1.15).contains(&ratio), "{label}: a thread off one sample a tick by {:+.0} %", (ratio - 1.0) * 100.0);
+        }
+        eprintln!("kernel: {label}");
+    });
+}
+
 /// A thread started half a second into the recording is sampled: its tid
 /// is mapped once the capture reports it (or the next list read finds it).
 #[test]

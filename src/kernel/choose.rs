@@ -33,7 +33,12 @@ pub struct Wanted {
 fn unsupported(w: &Wanted) -> Option<&'static str> {
     match w.mode {
         Mode::Cpu | Mode::Gil => {}
-        Mode::Wall => return Some("--mode wall needs off-CPU threads, which it does not read yet"),
+        // Its threads on no CPU are read from user space, proven off CPU
+        // by the CPU-wide context-switch records (`kernel::off_cpu`).
+        Mode::Wall if !crate::process::occupancy::available() => {
+            return Some("--mode wall needs CPU-wide context-switch events, which the kernel refuses here");
+        }
+        Mode::Wall => {}
         Mode::Exception => return Some("--mode exception is not supported by it"),
     }
     [

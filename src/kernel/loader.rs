@@ -125,8 +125,10 @@ impl KernelSampler {
     /// Wait up to `timeout` for a record to arrive.
     pub fn wait(&self, timeout: Duration) {
         let mut pfd = libc::pollfd { fd: self.ring.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd for the duration of the call.
-        unsafe { libc::poll(&mut pfd, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
+        // To the microsecond: wall mode's ticks come every 100 µs at 10 kHz.
+        let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+        // SAFETY: one valid pollfd and timespec for the duration of the call; no signal mask.
+        unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
     }
 
     pub fn cost(&self) -> ProgramCost {

@@ -14,6 +14,7 @@ pub mod captured;
 pub mod choose;
 pub mod convert;
 pub mod loader;
+pub mod off_cpu;
 pub mod record;
 pub mod run;
 pub mod target;

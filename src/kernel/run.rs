@@ -11,12 +11,14 @@ use std::time::{Duration, Instant};
 use crate::error::Error;
 use crate::process::monotonic_ns;
 use crate::profile::model::KernelSampling;
+use crate::python::snapshot::SnapshotNeeds;
 use crate::sampler::{Mode, Progress, STOP, Sample, SamplerStats, SamplingConfig, Sink, StopReason};
 use crate::session::Session;
 use crate::stack::Frame;
 
 use super::convert::Outcome;
 use super::loader::{KernelSampler, ProgramCost};
+use super::off_cpu::{self, OffCpu, Ticks};
 use super::record::{FLAG_FAULT, FLAG_NO_TSTATE, FLAG_TRUNCATED, FLAG_WORD_FAULT, HEADER_LEN, Header};
 use super::target::KernelTarget;
 
@@ -33,11 +35,12 @@ fn holds_gil(h: &Header, locked_shift: u32) -> bool {
     (h.gil_locked >> locked_shift) as u32 == 1 && h.gil_holder == h.tstate && h.tstate != 0
 }
 
-struct Proc<'a> {
+struct Proc {
     target: KernelTarget,
     command: String,
     names: HashMap<u32, Option<String>>,
-    session: &'a Session,
+    /// Its session's index in `sessions`.
+    session: usize,
     locked_shift: u32,
 }
 
@@ -49,15 +52,28 @@ pub fn run(
     progress: &mut dyn Progress,
 ) -> Result<(SamplerStats, StopReason, KernelStats), Error> {
     let mut procs: HashMap<u32, Proc> = HashMap::new();
-    for s in sessions.iter() {
+    for (si, s) in sessions.iter().enumerate() {
         let a = s.attached();
         let target = KernelTarget::new(k, a)?;
         let mut gil = Vec::new();
         crate::python::gil::gil_words(&a.interp.offsets, a.interp.runtime, &[target.converter.main_interp()], &mut gil);
         let locked_shift = gil.first().map_or(0, |g| 8 * (g.locked - g.locked_word()) as u32);
         let command = a.target.cmdline().join(" ");
-        procs.insert(a.target.pid as u32, Proc { target, command, names: HashMap::new(), session: s, locked_shift });
+        procs.insert(a.target.pid as u32, Proc { target, command, names: HashMap::new(), session: si, locked_shift });
     }
+    // `--mode wall`: the threads on no CPU are read from user space at
+    // ticks of ours (`off_cpu`); the perf events sample the others.
+    let mut ticks = (cfg.mode == Mode::Wall).then(|| Ticks::new(cfg.rate_hz));
+    // Ticks on time: a tick skipped leaves the threads off CPU unsampled
+    // while the perf events go on sampling the others. As the ptrace
+    // sampler does: a raised priority, and waits without timer slack.
+    let _boost = ticks.is_some().then(crate::sampler::priority::Boost::raise);
+    if ticks.is_some() {
+        // SAFETY: PR_SET_TIMERSLACK only affects this thread's timer slack.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+    }
+    let wall_needs = SnapshotNeeds { gil: sink.wants_gil(), on_cpu: false, names: true, stop_running_only: false, holders_only: false };
+    let torn = Frame::python(crate::sampler::TORN, "", 0);
     let start = Instant::now();
     let mut stats = SamplerStats::default();
     let mut ks = KernelStats::default();
@@ -66,13 +82,58 @@ pub fn run(
     let mut last_progress = Duration::ZERO;
     let mut last_alive = Instant::now();
     let reason = loop {
-        k.wait(Duration::from_millis(5));
+        k.wait(ticks.as_ref().map_or(Duration::from_millis(5), |t| t.until_next().min(Duration::from_millis(5))));
+        // The tick first: the records drained after it know whether the
+        // tick of their period was skipped.
+        if let Some((t, at)) = ticks.as_mut().and_then(|t| t.take_due().map(|at| (t, at))) {
+            for p in procs.values_mut() {
+                let Some(off) = off_cpu::proven_off(&p.target, at) else { continue };
+                let (pid, command, names) = (p.target.pid, &p.command, &mut p.names);
+                let read = off_cpu::read(&mut sessions[p.session], &off, wall_needs, &mut |o| {
+                    let (t, frames) = match o {
+                        OffCpu::Stack(t) => (t, &t.frames[..]),
+                        OffCpu::Moved(t) => {
+                            ks.counts.off_cpu_moved += 1;
+                            (t, std::slice::from_ref(&torn))
+                        }
+                    };
+                    if frames.is_empty() && !cfg.include_empty {
+                        return;
+                    }
+                    ks.counts.off_cpu += 1;
+                    let tid = t.native_id.unwrap_or(0) as u32;
+                    let name = names.entry(tid).or_insert_with(|| t.name.clone());
+                    *per_thread.entry(tid).or_insert(0) += 1;
+                    stats.samples += 1;
+                    sink.add(&Sample {
+                        pid,
+                        command,
+                        native_id: t.native_id,
+                        name: name.as_deref(),
+                        frames,
+                        holds_gil: t.holds_gil,
+                        on_cpu: false,
+                        in_gc: false,
+                    });
+                });
+                match read {
+                    Ok(c) => stats.counts += c,
+                    Err(e) => *stats.errors.entry(format!("off-CPU read: {e}")).or_insert(0) += 1,
+                }
+            }
+            ks.counts.wall_ticks = t.taken;
+            ks.counts.wall_ticks_skipped = t.skipped;
+        }
         let now_ns = monotonic_ns();
         k.drain(|rec| {
             let Some(h) = Header::parse(rec) else { return };
             ks.counts.records += 1;
             let Some(p) = procs.get_mut(&h.pid) else { return };
             ks.counts.max_lag_us = ks.counts.max_lag_us.max(now_ns.saturating_sub(h.time_ns) / 1000);
+            if ticks.as_ref().is_some_and(|t| !t.covers(h.time_ns)) {
+                ks.counts.in_skipped_ticks += 1;
+                return;
+            }
             if h.flags & FLAG_NO_TSTATE != 0 {
                 ks.counts.unknown_thread += 1;
                 p.target.note_unknown();
@@ -90,7 +151,7 @@ pub fn run(
                     return;
                 }
             }
-            let a = p.session.attached();
+            let a = sessions[p.session].attached();
             match p.target.converter.stack(&h, &rec[HEADER_LEN..], &a.mem, &mut frames) {
                 Ok(Outcome::Stack) => {}
                 Ok(Outcome::MidPush) => ks.counts.mid_push += 1,
@@ -126,7 +187,7 @@ pub fn run(
         for p in procs.values_mut() {
             if p.target.due() {
                 // A list read while the target changes it may fail: the next one will do.
-                let _ = p.target.refresh(k, p.session.attached());
+                let _ = p.target.refresh(k, sessions[p.session].attached());
             }
         }
         let elapsed = start.elapsed();
@@ -139,7 +200,7 @@ pub fn run(
         if last_alive.elapsed() >= Duration::from_millis(50) {
             last_alive = Instant::now();
             procs.retain(|_, p| {
-                let alive = p.session.attached().target.is_alive() && !crate::process::is_exiting(p.target.pid);
+                let alive = sessions[p.session].attached().target.is_alive() && !crate::process::is_exiting(p.target.pid);
                 if !alive {
                     p.target.forget(k);
                 }
@@ -191,7 +252,14 @@ impl KernelStats {
             c.faults,
             c.truncated,
             c.lost,
-        )
+        ) + &if c.wall_ticks > 0 {
+            format!(
+                "; wall mode: {} ticks ({} skipped, late, with the {} records in them), {} stacks of threads on no CPU read from user space ({} moved while read)",
+                c.wall_ticks, c.wall_ticks_skipped, c.in_skipped_ticks, c.off_cpu, c.off_cpu_moved
+            )
+        } else {
+            String::new()
+        }
     }
 }
 

@@ -59,6 +59,11 @@ impl KernelTarget {
         Ok(t)
     }
 
+    /// The host tids of the threads in the map.
+    pub fn tids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.tids.keys().copied()
+    }
+
     pub fn note_unknown(&mut self) {
         self.stale = true;
     }

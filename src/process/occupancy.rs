@@ -152,6 +152,17 @@ impl Occupancy {
         None
     }
 
+    /// [`off_cpu`](Self::off_cpu), and off since `t` or before: its own
+    /// last record a switch-out at or before `t`, or no record of its own
+    /// since the rings opened. A thread that left its CPU after `t` (to
+    /// the very tracer that woke at `t` to look, say) was on it at `t`.
+    pub fn off_cpu_since(&mut self, tid: i32, t: u64) -> Option<u32> {
+        match self.threads.get(&tid) {
+            Some(s) if s.time != 0 => (s.off && s.time <= t).then_some(s.ins),
+            _ => self.off_cpu(tid),
+        }
+    }
+
     /// Whether `tid`, proven off CPU with `ins` switch-ins, may have run
     /// before `t` (CLOCK_MONOTONIC ns), as of the last poll: it switched
     /// in, other than once at or after `t` (`run_states::ran_only_after`),

@@ -172,6 +172,21 @@ pub struct KernelSampling {
     /// `--mode gil`: records whose GIL words could not be read (not counted).
     #[serde(default)]
     pub gil_unknown: u64,
+    /// `--mode wall`: ticks of the user-space half, ticks it fell behind
+    /// by, stacks it read of threads proven off CPU, and of those the ones
+    /// that ran before the read ended (`[stack moved while read]`).
+    #[serde(default)]
+    pub wall_ticks: u64,
+    #[serde(default)]
+    pub wall_ticks_skipped: u64,
+    #[serde(default)]
+    pub off_cpu: u64,
+    #[serde(default)]
+    pub off_cpu_moved: u64,
+    /// `--mode wall`: records that fell in a tick the user-space half
+    /// skipped, dropped with it (see `kernel::off_cpu::Ticks`).
+    #[serde(default)]
+    pub in_skipped_ticks: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

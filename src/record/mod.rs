@@ -48,10 +48,25 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
     let pending = PendingOutput::create(&cfg.output)?;
     let also = output::also_write()?;
     sampler::install_signal_handlers();
+    let wanted = Wanted {
+        mode: cfg.sampling.mode,
+        rate_hz: cfg.sampling.rate_hz,
+        native: cfg.attach.native.is_some(),
+        asyncio: cfg.attach.asyncio.is_some(),
+        subprocesses: cfg.subprocesses,
+        thread_filter: !cfg.attach.threads.is_all(),
+    };
+    let mut kernel = choose(cfg.sampler, &wanted, cfg.quiet);
+    // Under the kernel sampler nothing is stopped: wall mode's user-space
+    // half reads threads proven off CPU, lock-free.
+    let attach = match kernel {
+        Some(_) => SessionOptions { sampling: crate::session::Sampling::Nonblocking, ..cfg.attach.clone() },
+        None => cfg.attach.clone(),
+    };
     let (mut child, first) = match &cfg.target {
-        RecordTarget::Pid(pid) => (None, Session::attach(*pid, &cfg.attach)?),
+        RecordTarget::Pid(pid) => (None, Session::attach(*pid, &attach)?),
         RecordTarget::Launch(argv) => {
-            let (c, s) = launch::launch(argv, &cfg.attach)?;
+            let (c, s) = launch::launch(argv, &attach)?;
             (Some(c), s)
         }
     };
@@ -65,15 +80,6 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
     let start_time = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
     let mut agg = Aggregator::new(cfg.aggregate);
     let show_progress = !cfg.quiet && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let wanted = Wanted {
-        mode: cfg.sampling.mode,
-        rate_hz: cfg.sampling.rate_hz,
-        native: cfg.attach.native.is_some(),
-        asyncio: cfg.attach.asyncio.is_some(),
-        subprocesses: cfg.subprocesses,
-        thread_filter: !cfg.attach.threads.is_all(),
-    };
-    let mut kernel = choose(cfg.sampler, &wanted, cfg.quiet);
     let mut bar = show_progress.then(summary::Bar::new);
     let progress: &mut dyn sampler::Progress = match bar.as_mut() {
         Some(b) => b,

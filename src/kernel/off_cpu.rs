@@ -1,0 +1,153 @@
+//! `--mode wall` under the kernel sampler: the threads on no CPU.
+//!
+//! The perf events sample the threads that run, at the interrupt. A thread
+//! on no CPU does not move its own frames, so its stack read from user
+//! space at a tick of ours is its stack at that tick, provided it stays off
+//! CPU from before the read until after; the CPU-wide context-switch
+//! records (`process::occupancy`) prove both ends, as they do for the
+//! ptrace sampler's holders read without a stop. So at each tick every
+//! thread proven off CPU is read, and nothing is stopped.
+//!
+//! Which half samples a thread is decided at the tick, before its stack is
+//! looked at: proven off CPU, it is read here; otherwise it is on a CPU (or
+//! not yet known) and the perf event of that CPU samples it. A thread
+//! proven off that ran during the read is counted as torn, not dropped.
+//! The two halves are not one instant: each CPU's event fires on its own
+//! clock, up to one period from our tick, so a thread that switches in or
+//! out within that period may be sampled by both or by neither; over a
+//! recording each thread still gets one sample per period on average,
+//! split between the halves as its time was.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::counts::Counters;
+use crate::error::Result;
+use crate::python::snapshot::SnapshotNeeds;
+use crate::session::Session;
+use crate::stack::ThreadStack;
+
+use super::target::KernelTarget;
+
+/// The user-space clock of wall mode: tick `k` is due at `start + k·period`
+/// (CLOCK_MONOTONIC ns). Ticks missed while late are skipped, not bunched
+/// up, and remembered: the perf events' records that fall in a skipped
+/// tick's period are dropped too (`covers`), so that a late user half does
+/// not leave the threads it samples short against those the events sample.
+/// A tick skipped takes no sample of any thread, as in the ptrace sampler.
+pub struct Ticks {
+    start: u64,
+    period: u64,
+    /// The last tick taken or skipped.
+    last: u64,
+    /// Skipped ticks of the last second or so, oldest first.
+    skipped_recently: VecDeque<u64>,
+    pub taken: u64,
+    pub skipped: u64,
+}
+
+impl Ticks {
+    pub fn new(rate_hz: f64) -> Ticks {
+        let period = ((1e9 / rate_hz) as u64).max(1);
+        Ticks { start: crate::process::monotonic_ns(), period, last: 0, skipped_recently: VecDeque::new(), taken: 0, skipped: 0 }
+    }
+
+    /// How long until the next tick is due (zero if it is).
+    pub fn until_next(&self) -> Duration {
+        let next = self.start + (self.last + 1) * self.period;
+        Duration::from_nanos(next.saturating_sub(crate::process::monotonic_ns()))
+    }
+
+    /// The instant of the tick due now, if one is: it is taken, and the
+    /// ticks missed before it are skipped.
+    pub fn take_due(&mut self) -> Option<u64> {
+        let due = (crate::process::monotonic_ns().saturating_sub(self.start)) / self.period;
+        if due <= self.last {
+            return None;
+        }
+        for k in self.last + 1..due {
+            self.skipped_recently.push_back(k);
+            self.skipped += 1;
+        }
+        let keep_from = due.saturating_sub((1_000_000_000 / self.period).max(1));
+        while self.skipped_recently.front().is_some_and(|&k| k < keep_from) {
+            self.skipped_recently.pop_front();
+        }
+        self.last = due;
+        self.taken += 1;
+        Some(self.start + due * self.period)
+    }
+
+    /// Whether an instant `t` falls in the period of a tick that was not
+    /// skipped (ticks not yet due count as taken).
+    pub fn covers(&self, t: u64) -> bool {
+        let k = t.saturating_sub(self.start) / self.period;
+        self.skipped_recently.binary_search(&k).is_err()
+    }
+}
+
+/// One thread's sample from the user-space half.
+pub enum OffCpu<'a> {
+    /// Read while proven on no CPU throughout: its stack at the tick.
+    Stack(&'a ThreadStack),
+    /// Proven off CPU before the read, but it ran before the read ended
+    /// (or the read tore): counted under `[stack moved while read]`.
+    Moved(&'a ThreadStack),
+}
+
+/// The threads of `target` on no CPU at `at` (CLOCK_MONOTONIC ns, the
+/// tick's instant) and since: (host tid, switch-ins so far). None when
+/// the kernel refuses CPU-wide context-switch events.
+pub fn proven_off(target: &KernelTarget, at: u64) -> Option<Vec<(u32, u32)>> {
+    crate::process::occupancy::with(|o| {
+        o.poll();
+        target.tids().filter_map(|tid| o.off_cpu_since(tid as i32, at).map(|ins| (tid, ins))).collect()
+    })
+}
+
+/// Read `session`'s threads without stopping any, and hand `emit` each of
+/// `off` (proven off CPU before the read) as an exact stack or a moved one.
+/// Threads not in `off` are the perf events' to sample. Returns how the
+/// read went (one lock-free snapshot).
+pub fn read(session: &mut Session, off: &[(u32, u32)], needs: SnapshotNeeds, emit: &mut dyn FnMut(OffCpu)) -> Result<Counters> {
+    let taken = session.snapshot_alone(needs)?;
+    let end = crate::process::monotonic_ns();
+    let ran: Vec<bool> = crate::process::occupancy::with(|o| {
+        o.poll();
+        off.iter().map(|&(tid, ins)| o.ran_before(tid as i32, ins, end)).collect()
+    })
+    .unwrap_or_else(|| vec![true; off.len()]);
+    let target = &session.attached().target;
+    for t in &taken.threads {
+        let Some(host) = t.native_id.and_then(|n| target.host_tid(n)) else { continue };
+        let Some(i) = off.iter().position(|&(tid, _)| u64::from(tid) == host) else { continue };
+        emit(if ran[i] || t.torn { OffCpu::Moved(t) } else { OffCpu::Stack(t) });
+    }
+    session.recycle(taken.threads);
+    Ok(taken.counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ticks missed while late are skipped and remembered; a record in a
+    /// skipped tick's period is not covered, one in a taken tick's is, and
+    /// so is one past the last tick decided.
+    #[test]
+    fn late_ticks_are_skipped_and_their_periods_not_covered() {
+        let mut t = Ticks::new(1000.0);
+        assert_eq!(t.take_due(), None, "a tick due at once");
+        std::thread::sleep(Duration::from_micros(3500));
+        let at = t.take_due().expect("a tick due after 3.5 ms");
+        let k = (at - t.start) / t.period;
+        assert!(k >= 3 && t.skipped == k - 1 && t.taken == 1, "tick {k}, {} skipped, {} taken", t.skipped, t.taken);
+        assert_eq!(t.take_due(), None, "the same tick twice");
+        for skipped in 1..k {
+            assert!(!t.covers(t.start + skipped * t.period + t.period / 2), "tick {skipped} was skipped");
+        }
+        assert!(t.covers(at + t.period / 2), "the taken tick's period");
+        assert!(t.covers(at + 5 * t.period), "a tick not yet due");
+        assert!(t.until_next() <= Duration::from_millis(1));
+    }
+}
