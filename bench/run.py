@@ -973,11 +973,11 @@ SCALE_CAP = 3.0   # a run gets SCALE_CAP x its duration, then SIGINT ("fell behi
 class ScaleProf:
     """One profiler configuration of the scale scenarios: argv and output parsing."""
 
-    def __init__(self, tool, mode=None, nonblocking=False):
-        self.tool, self.mode, self.nonblocking = tool, mode, nonblocking
+    def __init__(self, tool, mode=None, nonblocking=False, sampler=None):
+        self.tool, self.mode, self.nonblocking, self.sampler = tool, mode, nonblocking, sampler
         if tool == "pyprof":
-            self.name = "pyprof" + (" --mode %s" % mode if mode and mode != "wall" else "") + \
-                (" --nonblocking" if nonblocking else "")
+            self.name = "pyprof" + (" --sampler %s" % sampler if sampler else "") + \
+                (" --mode %s" % mode if mode and mode != "wall" else "") + (" --nonblocking" if nonblocking else "")
         else:
             self.name = "py-spy" + (" --nonblocking" if nonblocking else "")
 
@@ -986,6 +986,7 @@ class ScaleProf:
         if self.tool == "pyprof":
             cmd = [PyProf.exe, "record", "--pid", str(pid), "-r", str(rate), "-d", str(secs), "-o", out + ".json"]
             cmd += ["--mode", self.mode] if self.mode else []
+            cmd += ["--sampler", self.sampler] if self.sampler else []
         else:
             # --idle: keep the blocked threads, as pyprof's wall mode does; --threads:
             # a root per thread, so that per-thread coverage can be counted.
@@ -1248,7 +1249,8 @@ def scale(args, tmp):
     secs = args.duration
     rate = args.scale_rate
     counts = [1] + [int(n) for n in args.scale_threads.split(",")]
-    thread_profs = [ScaleProf("pyprof"), ScaleProf("pyprof", "cpu"), ScaleProf("pyprof", "gil")]
+    thread_profs = [ScaleProf("pyprof"), ScaleProf("pyprof", "cpu"), ScaleProf("pyprof", "gil"),
+                    ScaleProf("pyprof", "wall", sampler="kernel"), ScaleProf("pyprof", "cpu", sampler="kernel")]
     if have_pyspy:
         thread_profs += [ScaleProf("py-spy", nonblocking=True), ScaleProf("py-spy")]
     rows, seq = [], 0
