@@ -309,9 +309,16 @@ const RELEASE_TRIES: u32 = 20;
 /// out, or lost its stop while stepped into a system call) would be left
 /// frozen once it does. Interrupt it again and detach at the stop; never
 /// wait without a bound, which once hung a test for an hour. A thread that
-/// still will not stop stays seized until this thread of pyprof exits.
+/// still has not stopped is kept with the frozen ones, which every tick's
+/// [`release_frozen`] lets go the moment they stop: given up instead, it
+/// stopped later with no one to let it go (an hour-long agent soak: a
+/// 3.8 target's main thread stayed stopped until it was killed).
 fn release_unstopped(pid: i32, tid: i32, policy: HoldPolicy) {
-    for _ in 0..RELEASE_TRIES {
+    release_within(pid, tid, policy, RELEASE_TRIES);
+}
+
+fn release_within(pid: i32, tid: i32, policy: HoldPolicy, tries: u32) {
+    for _ in 0..tries {
         match wait_stop(pid, tid, policy) {
             Some(Some(sig)) => {
                 // SAFETY: no pointers.
@@ -327,7 +334,7 @@ fn release_unstopped(pid: i32, tid: i32, policy: HoldPolicy) {
             },
         }
     }
-    eprintln!("pyprof: warning: thread {tid} of pid {pid} did not stop to be released; it stays traced until pyprof exits");
+    FROZEN.with(|f| f.borrow_mut().push((pid, tid)));
 }
 
 fn seize(pid: i32, tid: i32) -> Result<bool> {
@@ -684,6 +691,32 @@ mod tests {
         }
         assert_eq!(status_field(pid, "TracerPid:").as_deref(), Some("0"));
         // Running again: busy, not held in a stop.
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(status_field(pid, "State:").as_deref().and_then(|s| s.chars().next()), Some('R'));
+    }
+
+    /// A held thread that does not stop within the release's bound (kept
+    /// off its CPU) is not given up: a later tick's release lets it go once
+    /// it stops, running again and traced by no one.
+    #[test]
+    fn a_thread_that_will_not_stop_in_time_is_let_go_at_a_later_tick() {
+        let _cpu = crate::process::cpu_hog::one_at_a_time();
+        let child = Busy::on(last_cpu());
+        let pid = child.pid();
+        assert!(seize(pid, pid).unwrap());
+        let Some(hog) = crate::process::cpu_hog::Hog::on(last_cpu()) else { return };
+        // SAFETY: no pointers.
+        unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, pid, 0usize, 0usize) };
+        // One try of 100 ms: the kernel lends the hog's CPU for 50 ms a
+        // second at most, so the child most likely stops after it.
+        release_within(pid, pid, HoldPolicy::default(), 1);
+        drop(hog);
+        let end = Instant::now() + Duration::from_secs(5);
+        while status_field(pid, "TracerPid:").as_deref() != Some("0") {
+            assert!(Instant::now() < end, "given up: still traced 5 s later");
+            std::thread::sleep(Duration::from_millis(5));
+            release_frozen();
+        }
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(status_field(pid, "State:").as_deref().and_then(|s| s.chars().next()), Some('R'));
     }
