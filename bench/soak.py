@@ -530,7 +530,12 @@ class Targets:
                     wrong = what_is_wrong(row["pid"], agent_pid) or "no thread stopped or traced"
                     self.fail(row, "still running %.0f s after its lifetime (%s); killed" % (self.args.stuck_after, wrong))
                     row["proc"].kill()
-                    row["proc"].wait()
+                    try:
+                        # A leader held by a tracer cannot be reaped until it lets
+                        # go: waiting without a bound hung a whole soak once.
+                        row["proc"].wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        self.fail(row, "not reaped 10 s after SIGKILL (%s)" % (what_is_wrong(row["pid"], agent_pid) or "?"))
                     self.finish(row, None)
                 continue
             self.finish(row, rc)
@@ -589,7 +594,10 @@ class Targets:
     def kill_all(self):
         for row in list(self.live.values()):
             row["proc"].kill()
-            row["proc"].wait()
+            try:
+                row["proc"].wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
 
 
 # ---- summaries ---------------------------------------------------------------
