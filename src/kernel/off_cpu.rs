@@ -90,56 +90,35 @@ impl Ticks {
 pub enum OffCpu<'a> {
     /// Read while proven on no CPU throughout: its stack at the tick.
     Stack(&'a ThreadStack),
-    /// Off CPU at the tick, but it ran before the read ended (or the read
-    /// tore): counted under `[stack moved while read]`.
+    /// Proven off CPU before the read, but it ran before the read ended
+    /// (or the read tore): counted under `[stack moved while read]`.
     Moved(&'a ThreadStack),
 }
 
-/// A thread on no CPU at a tick's instant: the user half's to sample.
-#[derive(Clone, Copy)]
-pub struct Off {
-    /// Host tid.
-    pub tid: u32,
-    /// Switch-ins so far, for `ran_before`.
-    pub ins: u32,
-    /// Switched in since the tick before pyprof looked: its stack at the
-    /// tick is gone.
-    pub ran_since: bool,
-}
-
 /// The threads of `target` on no CPU at `at` (CLOCK_MONOTONIC ns, the
-/// tick's instant): those still off, and those that switched in since
-/// (counted as moved: left to the perf events, which sample only threads
-/// on a CPU, they went unsampled; under contention a spinning thread
-/// preempted at the tick and back before pyprof looked lost 30 % of its
-/// ticks so). None when the kernel refuses CPU-wide context-switch events.
-pub fn proven_off(target: &KernelTarget, at: u64) -> Option<Vec<Off>> {
+/// tick's instant) and since: (host tid, switch-ins so far). None when
+/// the kernel refuses CPU-wide context-switch events.
+pub fn proven_off(target: &KernelTarget, at: u64) -> Option<Vec<(u32, u32)>> {
     crate::process::occupancy::with(|o| {
         o.poll();
-        target
-            .tids()
-            .filter_map(|tid| match o.off_cpu_since(tid as i32, at) {
-                Some(ins) => Some(Off { tid, ins, ran_since: false }),
-                None => o.ran_since_off_at(tid as i32, at).then_some(Off { tid, ins: 0, ran_since: true }),
-            })
-            .collect()
+        target.tids().filter_map(|tid| o.off_cpu_since(tid as i32, at).map(|ins| (tid, ins))).collect()
     })
 }
 
 /// Read `session`'s threads without stopping any, and hand `emit` each of
-/// `off` (proven off CPU at the tick) as an exact stack or a moved one.
+/// `off` (proven off CPU before the read) as an exact stack or a moved one.
 /// Threads not in `off` are the perf events' to sample. Returns how the
 /// read went (one lock-free snapshot).
-pub fn read(session: &mut Session, off: &[Off], needs: SnapshotNeeds, emit: &mut dyn FnMut(OffCpu)) -> Result<Counters> {
+pub fn read(session: &mut Session, off: &[(u32, u32)], needs: SnapshotNeeds, emit: &mut dyn FnMut(OffCpu)) -> Result<Counters> {
     let taken = session.snapshot_alone(needs)?;
     let end = crate::process::monotonic_ns();
     let ran: Vec<bool> = crate::process::occupancy::with(|o| {
         o.poll();
-        off.iter().map(|f| f.ran_since || o.ran_before(f.tid as i32, f.ins, end)).collect()
+        off.iter().map(|&(tid, ins)| o.ran_before(tid as i32, ins, end)).collect()
     })
     .unwrap_or_else(|| vec![true; off.len()]);
     // By tid, not a search of `off` per thread: 500 threads made it 250,000 compares a tick.
-    let index: HashMap<u64, usize> = off.iter().enumerate().map(|(i, f)| (u64::from(f.tid), i)).collect();
+    let index: HashMap<u64, usize> = off.iter().enumerate().map(|(i, &(tid, _))| (u64::from(tid), i)).collect();
     let target = &session.attached().target;
     for t in &taken.threads {
         let Some(host) = t.native_id.and_then(|n| target.host_tid(n)) else { continue };

@@ -30,8 +30,8 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Mutex;
 
-use super::perf_event::{self, Record, Ring, online_cpus, open_event, parse};
-use super::run_states::{CLOCK_SLACK_NS, ran_only_after};
+use super::perf_event::{Record, Ring, online_cpus, open_event, parse};
+use super::run_states::ran_only_after;
 
 /// Threads remembered at most: every task of the machine that switched is
 /// remembered until it exits; past this, the oldest knowledge is dropped
@@ -61,35 +61,6 @@ struct Seen {
     ins: u32,
     /// Time of the latest switch-in (CLOCK_MONOTONIC ns).
     in_time: u64,
-    /// Its latest switches, oldest first: (time, a switch-out), for its
-    /// state at a past instant ([`Occupancy::ran_since_off_at`]).
-    recent: [(u64, bool); RECENT],
-    recent_len: u8,
-}
-
-/// Switches remembered per thread: a tick's looks come within a
-/// millisecond of it, and a thread preempted by turns switches a few times
-/// in that.
-const RECENT: usize = 8;
-
-impl Seen {
-    /// Keep a switch in time order (records of different CPUs' rings
-    /// arrive out of order), dropping the oldest when full.
-    fn remember(&mut self, time: u64, out: bool) {
-        let n = usize::from(self.recent_len);
-        let at = self.recent[..n].partition_point(|&(t, _)| t <= time);
-        if n == RECENT {
-            if at == 0 {
-                return;
-            }
-            self.recent.copy_within(1..at, 0);
-            self.recent[at - 1] = (time, out);
-        } else {
-            self.recent.copy_within(at..n, at + 1);
-            self.recent[at] = (time, out);
-            self.recent_len += 1;
-        }
-    }
 }
 
 // SAFETY: the rings are owned mappings of this value only; nothing else
@@ -153,7 +124,6 @@ impl Occupancy {
                     if !out {
                         seen.in_time = seen.in_time.max(time);
                     }
-                    seen.remember(time, out);
                 }
                 Some(Record::Exit { tid, .. }) => {
                     threads.remove(&tid);
@@ -191,19 +161,6 @@ impl Occupancy {
             Some(s) if s.time != 0 => (s.off && s.time <= t).then_some(s.ins),
             _ => self.off_cpu(tid),
         }
-    }
-
-    /// Whether `tid` was off CPU at `t` (its last switch before `t` a
-    /// switch-out) and has switched in since, as of the last poll: its
-    /// stack at `t` can no longer be read, wherever it is now (a thread
-    /// back on a CPU is pushed off it again by the very tracer that looks).
-    /// False when its switches around `t` are not all remembered, or fall
-    /// too near `t` to be placed on either side of it.
-    pub fn ran_since_off_at(&self, tid: i32, t: u64) -> bool {
-        let Some(s) = self.threads.get(&tid) else { return false };
-        let recent = &s.recent[..usize::from(s.recent_len)];
-        let off_at_t = recent.iter().rev().find(|&&(time, _)| time <= t).is_some_and(|&(time, out)| out && time.saturating_add(CLOCK_SLACK_NS) <= t);
-        perf_event::monotonic_stamps() && off_at_t && recent.iter().any(|&(time, out)| !out && time >= t.saturating_add(CLOCK_SLACK_NS))
     }
 
     /// Whether `tid`, proven off CPU with `ins` switch-ins, may have run
@@ -333,86 +290,5 @@ mod tests {
             occ.threads.get(&sleeper_tid).map(|s| (s.off, s.ins)),
             occ.current
         );
-    }
-
-    /// A thread blocked at an instant and woken since ran since; one still
-    /// blocked did not, nor did one that held its CPU at the instant.
-    #[test]
-    fn a_thread_off_at_an_instant_and_running_since_is_back_on() {
-        let Some(mut occ) = Occupancy::open() else {
-            eprintln!("skipped: the kernel refuses CPU-wide perf events here");
-            return;
-        };
-        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let spinner = {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                tid_tx.send(nix::unistd::gettid().as_raw()).unwrap();
-                go_rx.recv().ok();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::hint::spin_loop();
-                }
-            })
-        };
-        let tid = tid_rx.recv().unwrap();
-        while crate::process::task_state(std::process::id() as i32, tid) != Some('S') {
-            std::thread::yield_now();
-        }
-        // Its switch-out well before the instant.
-        std::thread::sleep(Duration::from_millis(2));
-        let t = monotonic_ns();
-        std::thread::sleep(Duration::from_millis(1));
-        occ.poll();
-        assert!(!occ.ran_since_off_at(tid, t), "a thread still blocked seen running since");
-        go_tx.send(()).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            occ.poll();
-            if occ.ran_since_off_at(tid, t) {
-                break;
-            }
-            assert!(Instant::now() < deadline, "a thread woken after {t} never seen switching in");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        spinner.join().unwrap();
-
-        // A real-time spinner holds its CPU at nearly every instant (the
-        // kernel lends it to starved tasks 5 % of the time): a tracker that
-        // took a thread's state now, or its latest switch, for its state at
-        // the instant would say it ran since at many of them.
-        let _cpu = crate::process::cpu_hog::one_at_a_time();
-        let Some(hog) = crate::process::cpu_hog::Hog::on(*online_cpus().last().unwrap() as usize) else { return };
-        std::thread::sleep(Duration::from_millis(5));
-        let mut back_on = 0;
-        for _ in 0..20 {
-            let t = monotonic_ns();
-            std::thread::sleep(Duration::from_millis(1));
-            occ.poll();
-            back_on += usize::from(occ.ran_since_off_at(hog.tid(), t));
-        }
-        assert!(back_on <= 5, "a thread that held its CPU called off at {back_on} of 20 instants and running since");
-    }
-
-    /// Switches read out of time order are kept in order; when full, the
-    /// oldest goes, and a switch older than all kept is not taken.
-    #[test]
-    fn a_threads_recent_switches_stay_in_time_order() {
-        let mut s = Seen::default();
-        for (t, out) in [(30, true), (10, true), (20, false)] {
-            s.remember(t, out);
-        }
-        assert_eq!(&s.recent[..3], &[(10, true), (20, false), (30, true)]);
-        for t in 40..40 + RECENT as u64 {
-            s.remember(t, t % 2 == 0);
-        }
-        let kept: Vec<u64> = s.recent.iter().map(|r| r.0).collect();
-        assert_eq!(kept, (40..40 + RECENT as u64).collect::<Vec<_>>());
-        s.remember(5, false);
-        s.remember(41, true);
-        assert_eq!(s.recent[0].0, 41, "{:?}", s.recent);
-        assert!(s.recent.windows(2).all(|w| w[0].0 <= w[1].0), "{:?}", s.recent);
     }
 }

@@ -454,7 +454,7 @@ impl RunStates {
 /// way; a switch-in this close to `t` counts as before it. A hundred
 /// times that, and still small: on a 100-deep 3.15 stack at 50 kHz the
 /// holder switched in 1.3 µs after the reads' end at the median.
-pub(super) const CLOCK_SLACK_NS: u64 = 500;
+const CLOCK_SLACK_NS: u64 = 500;
 
 /// Whether a thread proven off CPU with `ins` switch-ins, that has `now`
 /// of them since and its latest at `in_time`, switched in exactly once,
