@@ -44,12 +44,13 @@ pub struct Ticks {
     skipped_recently: VecDeque<u64>,
     pub taken: u64,
     pub skipped: u64,
+    aligned: bool,
 }
 
 impl Ticks {
     pub fn new(rate_hz: f64) -> Ticks {
         let period = ((1e9 / rate_hz) as u64).max(1);
-        Ticks { start: crate::process::monotonic_ns(), period, last: 0, skipped_recently: VecDeque::new(), taken: 0, skipped: 0 }
+        Ticks { start: crate::process::monotonic_ns(), period, last: 0, skipped_recently: VecDeque::new(), taken: 0, skipped: 0, aligned: false }
     }
 
     /// How long until the next tick is due (zero if it is).
@@ -76,6 +77,32 @@ impl Ticks {
         self.last = due;
         self.taken += 1;
         Some(self.start + due * self.period)
+    }
+
+    /// Put the ticks half a period from the perf events' firings (one of
+    /// which was at `fired`, CLOCK_MONOTONIC ns), once. Both clocks keep
+    /// their phase, so left where they started they may fall together all
+    /// recording long, and pyprof's own work at a tick, which on a machine
+    /// with no CPU to spare pushes a target thread off its CPU, then
+    /// decides what the firings see. Half a period apart, work shorter
+    /// than that overlaps no firing. Taken from timing alone, before any
+    /// stack is looked at.
+    pub fn align_between(&mut self, fired: u64) {
+        if std::mem::replace(&mut self.aligned, true) {
+            return;
+        }
+        let p = self.period as i64;
+        let want = ((fired + self.period / 2) % self.period) as i64;
+        let mut shift = want - (self.start % self.period) as i64;
+        if shift > p / 2 {
+            shift -= p;
+        } else if shift <= -p / 2 {
+            shift += p;
+        }
+        self.start = self.start.saturating_add_signed(shift);
+        // Skipped ticks are named by their index from `start`: those
+        // remembered so far may now name their neighbours.
+        self.skipped_recently.clear();
     }
 
     /// Whether an instant `t` falls in the period of a tick that was not
@@ -151,5 +178,23 @@ mod tests {
         assert!(t.covers(at + t.period / 2), "the taken tick's period");
         assert!(t.covers(at + 5 * t.period), "a tick not yet due");
         assert!(t.until_next() <= Duration::from_millis(1));
+    }
+
+    /// Aligned once to a firing, the ticks fall half a period from it
+    /// (and from every firing of its clock), moved by half a period at
+    /// most; a second firing moves nothing.
+    #[test]
+    fn ticks_are_put_half_a_period_from_the_firings() {
+        let mut t = Ticks::new(1000.0);
+        let fired = t.start + 123_456;
+        t.align_between(fired);
+        assert_eq!((t.start + 7 * t.period).abs_diff(fired) % t.period, t.period / 2, "start {} fired {fired}", t.start);
+        let start = t.start;
+        t.align_between(fired + 100_000);
+        assert_eq!(t.start, start, "aligned twice");
+        let mut other = Ticks::new(1000.0);
+        let before = other.start;
+        other.align_between(before + 900_000);
+        assert_eq!(other.start, before + 400_000, "not the nearest start half a period from the firing");
     }
 }

@@ -82,7 +82,16 @@ pub fn run(
     let mut last_progress = Duration::ZERO;
     let mut last_alive = Instant::now();
     let reason = loop {
-        k.wait(ticks.as_ref().map_or(Duration::from_millis(5), |t| t.until_next().min(Duration::from_millis(5))));
+        match &ticks {
+            // Wall mode wakes at its ticks only: woken by each record as
+            // well, pyprof ran just after each firing and, with no CPU to
+            // spare, pushed the very thread just sampled off its CPU; a
+            // tick falling in that push counted the thread twice (once per
+            // half, +16 % on a spinning thread while clang built beside
+            // it). The records wait for the tick, a period at most.
+            Some(t) => std::thread::sleep(t.until_next()),
+            None => k.wait(Duration::from_millis(5)),
+        }
         // The tick first: the records drained after it know whether the
         // tick of their period was skipped.
         if let Some((t, at)) = ticks.as_mut().and_then(|t| t.take_due().map(|at| (t, at))) {
@@ -130,6 +139,9 @@ pub fn run(
             ks.counts.records += 1;
             let Some(p) = procs.get_mut(&h.pid) else { return };
             ks.counts.max_lag_us = ks.counts.max_lag_us.max(now_ns.saturating_sub(h.time_ns) / 1000);
+            if let Some(t) = ticks.as_mut() {
+                t.align_between(h.time_ns);
+            }
             if ticks.as_ref().is_some_and(|t| !t.covers(h.time_ns)) {
                 ks.counts.in_skipped_ticks += 1;
                 return;
