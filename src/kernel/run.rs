@@ -88,8 +88,9 @@ pub fn run(
             // spare, pushed the very thread just sampled off its CPU; a
             // tick falling in that push counted the thread twice (once per
             // half, +16 % on a spinning thread while clang built beside
-            // it). The records wait for the tick, a period at most.
-            Some(t) => std::thread::sleep(t.until_next()),
+            // it). The records wait for the tick, a period at most (100 ms
+            // at most, so that a stop is seen at rates under 10 Hz).
+            Some(t) => std::thread::sleep(t.until_next().min(Duration::from_millis(100))),
             None => k.wait(Duration::from_millis(5)),
         }
         // The tick first: the records drained after it know whether the
