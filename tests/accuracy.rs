@@ -277,11 +277,11 @@ const SECS_1K: f64 = 2.0;
 const SECS_10K: f64 = 0.4;
 const SHORT_FUNCS: [&str; 3] = ["loop", "g", "f"];
 const SHORT_BOUND_PP: f64 = 2.0;
-/// The kernel sampler's bound, wider by its measured bias: judged on up to
-/// fifteen cycles in one CI-like run (2026-11-27, 21:00), it read `loop`
-/// 0.9-2.9 pp under py-spy on nine of ten interpreters (pyenv-3.13 the
-/// exception) and g and f above, 2-5 standard errors from zero on the
-/// largest; the ptrace sampler in the same run stayed within 2 pp. The
+/// The kernel sampler's bound, wider by its measured bias: in two runs
+/// over the ten interpreters at both rates (2026-11-27, 21:00 and 21:40),
+/// its mean `loop` share was under py-spy's in 40 of 40 measurements, by
+/// 0.1-2.9 pp (2-5 standard errors at the largest), g and f above; the
+/// ptrace sampler in the first run stayed within 2 pp. The
 /// cause is not established (issue 31 asks for 2 pp); this bound still
 /// fails a sampler as wrong as the one the exact samplers replaced (4-18 pp).
 const KERNEL_SHORT_BOUND_PP: f64 = 3.5;
