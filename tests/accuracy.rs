@@ -266,6 +266,7 @@ const CYCLES: usize = 5;
 /// At this many cycles the point estimate is judged, decided or not (its
 /// standard error by then about 0.6 of five cycles').
 const MAX_CYCLES: usize = 15;
+const _: () = assert!(MAX_CYCLES % CYCLES == 0);
 /// Per cycle: py-spy for 2 s (it takes whole seconds), pyprof at 1 kHz
 /// for 2 s and at 10 kHz for 0.4 s. In all: 10,000 py-spy samples and
 /// 10,000 at 1 kHz (binomial standard error 0.49 pp each on a 65 % share,
@@ -414,60 +415,60 @@ fn measure_short_callees(py: &Interpreter, pyspy: &Path, extra: &[&str]) -> Outc
     let mut rate_chunks: BTreeMap<u32, Vec<Chunk>> = BTreeMap::new();
     let began = Instant::now();
     let mut step = 0;
-    let mut cycle = 0;
-    loop {
-        for _ in 0..CYCLES {
-            let mut order = [0, 1000, 10_000];
-            if cycle % 2 == 1 {
-                order.reverse();
-            }
-            cycle += 1;
-            for rate in order {
-                step += 1;
-                let from = began.elapsed().as_secs_f64();
-                let middle = || (from + began.elapsed().as_secs_f64()) / 2.0;
-                if rate == 0 {
-                    let rec = pyspy_attach(pyspy, pid, SPY_RATE, SPY_SECS, &dir.join(format!("pyspy-{step}.txt")));
-                    let counts = rec.leaf_functions();
-                    spy_chunks.push(Chunk { at: middle(), shares: percent(&counts) });
-                    add_counts(&mut spy, &counts);
-                    continue;
-                }
-                let secs = if rate == 1000 { SECS_1K } else { SECS_10K };
-                let rec = pyprof_attach(pid, rate, secs, &dir.join(format!("pyprof-{rate}-{step}.json")), extra);
-                if let Some(want) = sampler_of(extra) {
-                    let p = rec.profile.as_ref().unwrap();
-                    let msg = format!("[{}] --sampler {want} did not run (meta.sampling.method {})", py.label, p.meta.sampling.method);
-                    if p.meta.sampling.method != want {
-                        assert!(!in_ci(), "{msg}");
-                        skipped(&msg);
-                        return Outcome::Within(msg);
-                    }
-                }
-                let expected = rate as f64 * secs;
-                // The kernel sampler samples the target's CPU time, not wall
-                // ticks: on this 2-CPU machine under other builds a nice -20
-                // target still got only 23-39 % of a CPU. The shares are judged
-                // by the same bound, and noise past it repeats the measurement.
-                let least = if sampler_of(extra) == Some("kernel") { 0.2 } else { 0.5 };
-                assert!(
-                    rec.samples as f64 >= least * expected,
-                    "[{}] pyprof at {rate} Hz for {secs} s took {} samples over {:?} ticks, under {least} of {expected}: too few to compare",
-                    py.label,
-                    rec.samples,
-                    rec.ticks
-                );
+    for cycle in 0..MAX_CYCLES {
+        let mut order = [0, 1000, 10_000];
+        if cycle % 2 == 1 {
+            order.reverse();
+        }
+        for rate in order {
+            step += 1;
+            let from = began.elapsed().as_secs_f64();
+            let middle = || (from + began.elapsed().as_secs_f64()) / 2.0;
+            if rate == 0 {
+                let rec = pyspy_attach(pyspy, pid, SPY_RATE, SPY_SECS, &dir.join(format!("pyspy-{step}.txt")));
                 let counts = rec.leaf_functions();
-                rate_chunks.entry(rate).or_default().push(Chunk { at: middle(), shares: percent(&counts) });
-                add_counts(rates.entry(rate).or_default(), &counts);
+                spy_chunks.push(Chunk { at: middle(), shares: percent(&counts) });
+                add_counts(&mut spy, &counts);
+                continue;
             }
+            let secs = if rate == 1000 { SECS_1K } else { SECS_10K };
+            let rec = pyprof_attach(pid, rate, secs, &dir.join(format!("pyprof-{rate}-{step}.json")), extra);
+            if let Some(want) = sampler_of(extra) {
+                let p = rec.profile.as_ref().unwrap();
+                let msg = format!("[{}] --sampler {want} did not run (meta.sampling.method {})", py.label, p.meta.sampling.method);
+                if p.meta.sampling.method != want {
+                    assert!(!in_ci(), "{msg}");
+                    skipped(&msg);
+                    return Outcome::Within(msg);
+                }
+            }
+            let expected = rate as f64 * secs;
+            // The kernel sampler samples the target's CPU time, not wall
+            // ticks: on this 2-CPU machine under other builds a nice -20
+            // target still got only 23-39 % of a CPU. Its shares are judged
+            // by its own bound, and noise past it repeats the measurement.
+            let least = if sampler_of(extra) == Some("kernel") { 0.2 } else { 0.5 };
+            assert!(
+                rec.samples as f64 >= least * expected,
+                "[{}] pyprof at {rate} Hz for {secs} s took {} samples over {:?} ticks, under {least} of {expected}: too few to compare",
+                py.label,
+                rec.samples,
+                rec.ticks
+            );
+            let counts = rec.leaf_functions();
+            rate_chunks.entry(rate).or_default().push(Chunk { at: middle(), shares: percent(&counts) });
+            add_counts(rates.entry(rate).or_default(), &counts);
         }
-        let verdict = short_callees_verdict(py, bound, &spy, &spy_chunks, &rates, &rate_chunks);
-        if verdict.decided || cycle >= MAX_CYCLES {
-            return verdict.outcome;
+        let done = cycle + 1;
+        if done % CYCLES == 0 {
+            let verdict = short_callees_verdict(py, bound, &spy, &spy_chunks, &rates, &rate_chunks);
+            if verdict.decided || done == MAX_CYCLES {
+                return verdict.outcome;
+            }
+            eprintln!("accuracy: short_callees [{}] not decided after {done} cycles, measuring {CYCLES} more", py.label);
         }
-        eprintln!("accuracy: short_callees [{}] not decided after {cycle} cycles, measuring {CYCLES} more", py.label);
     }
+    unreachable!("MAX_CYCLES is a multiple of CYCLES")
 }
 
 /// What the pairs so far say, and whether they say it clearly.

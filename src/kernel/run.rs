@@ -142,10 +142,10 @@ pub fn run(
             ks.counts.max_lag_us = ks.counts.max_lag_us.max(now_ns.saturating_sub(h.time_ns) / 1000);
             if let Some(t) = ticks.as_mut() {
                 t.align_between(h.time_ns);
-            }
-            if ticks.as_ref().is_some_and(|t| !t.covers(h.time_ns)) {
-                ks.counts.in_skipped_ticks += 1;
-                return;
+                if !t.covers(h.time_ns) {
+                    ks.counts.in_skipped_ticks += 1;
+                    return;
+                }
             }
             if h.flags & FLAG_NO_TSTATE != 0 {
                 ks.counts.unknown_thread += 1;
