@@ -40,6 +40,12 @@ pub struct Counters {
     /// Snapshots put off to a later tick: a holder halfway through a frame
     /// update waited for a CPU to step on or to stop.
     pub deferred: u64,
+    /// Of the stopped ones, those whose holder was read frozen: interrupted,
+    /// then proven on no CPU by its records before its stop was reported.
+    pub frozen: u64,
+    /// Of the stopped ones, those whose holder neither stopped nor was
+    /// proven off CPU within the stop's timeout, and was read running.
+    pub unstopped: u64,
     /// Time the target had a thread held stopped, in total and at most.
     pub pause: Duration,
     pub pause_max: Longest,

@@ -395,6 +395,8 @@ impl<H: Held> ExactOn<H> {
             } else {
                 stopped.add(&self.tids, false)?;
             }
+            let frozen = self.tids.iter().filter(|&&t| stopped.is_frozen(t)).count();
+            let unstopped = self.tids.iter().filter(|&&t| !stopped.holds_or_freezes(t)).count();
             self.fixed.clear();
             if !all {
                 self.push_holder_words();
@@ -490,6 +492,8 @@ impl<H: Held> ExactOn<H> {
                         t.on_cpu = false;
                     }
                 }
+                self.counts.frozen += u64::from(frozen > 0);
+                self.counts.unstopped += u64::from(unstopped > 0);
                 if none_held && !self.unheld.is_empty() {
                     self.counts.off_cpu += 1;
                 } else {

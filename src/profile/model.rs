@@ -120,6 +120,14 @@ pub struct Acquisition {
     /// a CPU. Absent (0) in older profiles.
     #[serde(default)]
     pub deferred: u64,
+    /// Of the stopped ones, those whose holder was read frozen (interrupted,
+    /// proven on no CPU, its stop not yet reported), and those whose holder
+    /// did not stop within the timeout and was read running. Absent (0) in
+    /// older profiles.
+    #[serde(default)]
+    pub frozen: u64,
+    #[serde(default)]
+    pub unstopped: u64,
     /// `--nonblocking` snapshots.
     pub lock_free: u64,
     /// Read without a stop: the GIL holder was on no CPU (preempted, or

@@ -85,6 +85,8 @@ fn acquisition(cfg: &RecordConfig, a: &Counters) -> Acquisition {
         moved: a.moved,
         stepped: a.stepped,
         deferred: a.deferred,
+        frozen: a.frozen,
+        unstopped: a.unstopped,
         lock_free: a.lock_free,
         off_cpu: a.off_cpu,
         torn: a.torn,
@@ -123,9 +125,11 @@ fn cost(a: &Counters, elapsed: std::time::Duration, native: bool) -> String {
 fn describe(a: &Counters) -> String {
     let mean = if a.stopped > 0 { a.pause.as_secs_f64() * 1e6 / a.stopped as f64 } else { 0.0 };
     format!(
-        "snapshots: {} with the holder stopped ({mean:.0} µs on average, {:.0} µs at most), {} read without a stop while the holder was on no CPU ({} read again with it stopped, as it got one), {} with the GIL free, {} read again a few µs late because the GIL changed hands, {} stepped a few instructions out of a half-done frame update ({} finished at a later tick), {} lock-free ({} thread samples torn)",
+        "snapshots: {} with the holder stopped ({mean:.0} µs on average, {:.0} µs at most; {} of them read frozen on no CPU before the stop was reported, {} read running as the stop timed out), {} read without a stop while the holder was on no CPU ({} read again with it stopped, as it got one), {} with the GIL free, {} read again a few µs late because the GIL changed hands, {} stepped a few instructions out of a half-done frame update ({} finished at a later tick), {} lock-free ({} thread samples torn)",
         a.stopped,
         a.pause_max.0.as_secs_f64() * 1e6,
+        a.frozen,
+        a.unstopped,
         a.off_cpu,
         a.ran,
         a.gil_free,

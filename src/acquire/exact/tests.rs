@@ -228,6 +228,24 @@ fn rule_step_not_stopped_is_deferred_and_finished_at_the_next_take() {
     rig.assert_as_reported(&t);
 }
 
+/// A holder that left its CPU before its stop came is read frozen, as it
+/// stood; the snapshot counts as stopped and says so (`frozen`), so a
+/// recording shows how many of its stops were not waited for.
+#[test]
+fn rule_a_frozen_holder_is_read_where_it_stands_and_counted() {
+    let mut rig = Rig::new("pyenv-3.12");
+    rig.fake.patch(&rig.held_by("MainThread"));
+    let tid = rig.tid("MainThread");
+    {
+        let mut s = rig.fake.script.borrow_mut();
+        s.tracking = true;
+        s.freezes.push(tid);
+    }
+    let t = rig.take(HoldPolicy::default()).unwrap();
+    assert_eq!((t.counts.stopped, t.counts.frozen, t.counts.unstopped), (1, 1, 0), "{:?}", t.counts);
+    rig.assert_as_reported(&t);
+}
+
 /// GIL free: read while the target runs and re-read, nothing stopped; if
 /// the GIL's words moved under that read, it does not stand.
 #[test]
