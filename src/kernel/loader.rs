@@ -4,7 +4,7 @@
 //! thread off every CPU costs nothing. aya loads it: a pure-Rust loader, so
 //! neither building nor installing pyprof needs a C toolchain or libbpf.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
@@ -120,15 +120,6 @@ impl KernelSampler {
             n += 1;
         }
         n
-    }
-
-    /// Wait up to `timeout` for a record to arrive.
-    pub fn wait(&self, timeout: Duration) {
-        let mut pfd = libc::pollfd { fd: self.ring.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // To the microsecond: wall mode's ticks come every 100 µs at 10 kHz.
-        let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
-        // SAFETY: one valid pollfd and timespec for the duration of the call; no signal mask.
-        unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
     }
 
     pub fn cost(&self) -> ProgramCost {

@@ -30,6 +30,13 @@ pub struct KernelStats {
     pub program: ProgramCost,
 }
 
+/// How long `--mode cpu` leaves records in the ring between drains: about
+/// fifty firings of one CPU, within 1-20 ms. The ring (16 MiB) holds a
+/// drain's worth of the largest records (32 KiB) from every CPU at 50 kHz.
+fn drain_period(rate_hz: f64) -> Duration {
+    Duration::from_secs_f64((50.0 / rate_hz.max(1.0)).clamp(0.001, 0.020))
+}
+
 /// A record's GIL words say its thread held the GIL.
 fn holds_gil(h: &Header, locked_shift: u32) -> bool {
     (h.gil_locked >> locked_shift) as u32 == 1 && h.gil_holder == h.tstate && h.tstate != 0
@@ -91,7 +98,10 @@ pub fn run(
             // it). The records wait for the tick, a period at most (100 ms
             // at most, so that a stop is seen at rates under 10 Hz).
             Some(t) => std::thread::sleep(t.until_next().min(Duration::from_millis(100))),
-            None => k.wait(Duration::from_millis(5)),
+            // The program wakes no one (an irq_work per record: a
+            // self-interrupt on the sampled thread's CPU, each a VM exit
+            // here); the records wait in the ring for a drain.
+            None => std::thread::sleep(drain_period(cfg.rate_hz)),
         }
         // The tick first: the records drained after it know whether the
         // tick of their period was skipped.

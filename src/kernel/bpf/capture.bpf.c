@@ -140,7 +140,9 @@ send:;
 	__u64 len = sizeof(struct header) + (__u64)h->nframes * fb;
 	if (len > sizeof(struct record))
 		len = sizeof(struct record);
-	if (bpf_ringbuf_output(&RECORDS, r, len, 0))
+	// No wakeup: user space drains on its own clock. A wakeup is an
+	// irq_work, a self-interrupt on the target's CPU at every sample.
+	if (bpf_ringbuf_output(&RECORDS, r, len, BPF_RB_NO_WAKEUP))
 		count(1);
 	return 0;
 }
