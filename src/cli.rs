@@ -375,6 +375,10 @@ pub struct TopArgs {
     /// Rows per table when stdout is not a terminal.
     #[arg(long, default_value_t = 20)]
     pub rows: usize,
+
+    /// How stacks are taken, as for `record --sampler` (the header names the one that ran).
+    #[arg(long, value_enum, default_value = "ptrace")]
+    pub sampler: SamplerArg,
 }
 
 impl TopArgs {
@@ -382,7 +386,7 @@ impl TopArgs {
         let mut recording = self.recording;
         let write = recording.output.output.is_some();
         recording.output.output.get_or_insert_with(crate::top::unused_output);
-        let record = RecordArgs { recording, threads: false, function: false, quiet: true, verbose: false, sampler: SamplerArg::Ptrace }
+        let record = RecordArgs { recording, threads: false, function: false, quiet: true, verbose: false, sampler: self.sampler }
             .into_config()
             .map_err(|e| anyhow::anyhow!(e.to_string().replace("pyprof record", "pyprof top")))?;
         Ok(crate::top::TopConfig { record, write, rows: self.rows, refresh: self.refresh })

@@ -345,6 +345,41 @@ fn plain_tables_and_the_whole_profile_without_a_terminal() {
     });
 }
 
+/// `top --sampler kernel`: the same view over the eBPF sampler, nothing
+/// stopped; the header names it and `-o` says it ran (a refusal of the
+/// kernel fails this in CI, as in tests/kernel_sampler.rs).
+#[test]
+fn plain_tables_over_the_kernel_sampler() {
+    let _serial = heavy();
+    each(|py| {
+        let target = py.spawn("top_split.py", &[]);
+        let out_path: PathBuf = temp_dir("top-kernel").join("prof.json");
+        let pid = target.pid().to_string();
+        let out = top(&["--pid", &pid, "--sampler", "kernel", "--mode", "cpu", "--rate", "1000", "--duration", "3", "-o", out_path.to_str().unwrap()]);
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{stderr}\n{stdout}");
+        let p = read_profile(&out_path);
+        if p.meta.sampling.method != "kernel" {
+            let msg = format!("[{}] the kernel sampler did not run: {stderr}", py.label);
+            assert!(!in_ci(), "{msg}");
+            skipped(&msg);
+            return;
+        }
+        assert_eq!(p.meta.sampling.stopped, 0, "nothing is stopped");
+        let last = stdout.rsplit("pyprof top · ").next().unwrap();
+        assert!(last.contains("cpu (kernel)"), "the header does not name the sampler:\n{last}");
+        let at = |name: &str| last.lines().position(|l| l.contains(&format!(" {name} ("))).unwrap_or_else(|| panic!("no {name} in:\n{last}"));
+        assert!(at("sixty") < at("thirty") && at("thirty") < at("ten"), "not by own share:\n{last}");
+        let (a, b, c) = (inclusive(&p, "sixty"), inclusive(&p, "thirty"), inclusive(&p, "ten"));
+        let total = (a + b + c) as f64;
+        assert!(total >= 1500.0, "only {total} samples");
+        let share = |x: u64| 100.0 * x as f64 / total;
+        for (got, want, name) in [(share(a), 60.0, "sixty"), (share(b), 30.0, "thirty"), (share(c), 10.0, "ten")] {
+            assert!((got - want).abs() <= 3.0, "{name}: {got:.1}% (want {want}%) of {total}");
+        }
+    });
+}
+
 /// `top -- CMD`: sampled from its start, ended with it, its exit code passed on.
 #[test]
 fn a_launched_command_ends_top_with_its_exit_code() {

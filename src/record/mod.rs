@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use crate::kernel::choose::{SamplerChoice, Wanted, choose};
+use crate::kernel::loader::KernelSampler;
 use crate::output::{Format, View};
 use crate::profile::aggregate::{AggregateOptions, Aggregator};
 use crate::sampler::{self, Discover, SamplingConfig};
@@ -43,26 +44,36 @@ pub struct RecordConfig {
     pub attach: SessionOptions,
 }
 
+impl RecordConfig {
+    /// The kernel sampler if `--sampler` and the kernel allow it (one line
+    /// on stderr unless `quiet` when asked for and refused), and the
+    /// session options that go with the choice.
+    pub fn choose_sampler(&self, quiet: bool) -> (Option<KernelSampler>, SessionOptions) {
+        let wanted = Wanted {
+            mode: self.sampling.mode,
+            rate_hz: self.sampling.rate_hz,
+            native: self.attach.native.is_some(),
+            asyncio: self.attach.asyncio.is_some(),
+            subprocesses: self.subprocesses,
+            thread_filter: !self.attach.threads.is_all(),
+        };
+        let kernel = choose(self.sampler, &wanted, quiet);
+        // Under the kernel sampler nothing is stopped: wall mode's user-space
+        // half reads threads proven off CPU, lock-free.
+        let attach = match kernel {
+            Some(_) => SessionOptions { sampling: crate::session::Sampling::Nonblocking, ..self.attach.clone() },
+            None => self.attach.clone(),
+        };
+        (kernel, attach)
+    }
+}
+
 /// Returns the process exit code: the launched child's, else 0.
 pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
     let pending = PendingOutput::create(&cfg.output)?;
     let also = output::also_write()?;
     sampler::install_signal_handlers();
-    let wanted = Wanted {
-        mode: cfg.sampling.mode,
-        rate_hz: cfg.sampling.rate_hz,
-        native: cfg.attach.native.is_some(),
-        asyncio: cfg.attach.asyncio.is_some(),
-        subprocesses: cfg.subprocesses,
-        thread_filter: !cfg.attach.threads.is_all(),
-    };
-    let mut kernel = choose(cfg.sampler, &wanted, cfg.quiet);
-    // Under the kernel sampler nothing is stopped: wall mode's user-space
-    // half reads threads proven off CPU, lock-free.
-    let attach = match kernel {
-        Some(_) => SessionOptions { sampling: crate::session::Sampling::Nonblocking, ..cfg.attach.clone() },
-        None => cfg.attach.clone(),
-    };
+    let (mut kernel, attach) = cfg.choose_sampler(cfg.quiet);
     let (mut child, first) = match &cfg.target {
         RecordTarget::Pid(pid) => (None, Session::attach(*pid, &attach)?),
         RecordTarget::Launch(argv) => {

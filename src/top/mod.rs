@@ -1,5 +1,5 @@
 //! `pyprof top`: a live view of where a process spends its time. The
-//! sampler runs `sampler::run` on its own thread and hands batches to the
+//! sampler (`sampler::run`, or the kernel sampler's `kernel::run`) runs on its own thread and hands batches to the
 //! view through a channel whose send never blocks ([`feed`]); the view
 //! ([`tui`], or [`plain`] tables without a terminal) counts them in its
 //! [`model`] and draws about once a second. Sampling never waits on drawing.
@@ -57,11 +57,13 @@ pub fn run(cfg: &TopConfig) -> anyhow::Result<i32> {
     let pending = if cfg.write { Some(PendingOutput::create(&rc.output)?) } else { None };
     sampler::install_signal_handlers();
     let live = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    // Said before the view takes the terminal; the header names the sampler too.
+    let (mut kernel, attach) = rc.choose_sampler(false);
     let (mut child, first) = match &rc.target {
-        RecordTarget::Pid(pid) => (None, Session::attach(*pid, &rc.attach)?),
+        RecordTarget::Pid(pid) => (None, Session::attach(*pid, &attach)?),
         // Its output would draw over the view: it goes nowhere while the view runs.
         RecordTarget::Launch(argv) => {
-            let (c, s) = launch::launch_with(argv, &rc.attach, live)?;
+            let (c, s) = launch::launch_with(argv, &attach, live)?;
             (Some(c), s)
         }
     };
@@ -75,6 +77,11 @@ pub fn run(cfg: &TopConfig) -> anyhow::Result<i32> {
         cwd: first.attached().target.cwd.clone(),
         mode: Some(rc.sampling.mode),
         rate_hz: rc.sampling.rate_hz,
+        sampler: match (&kernel, attach.sampling) {
+            (Some(_), _) => "kernel",
+            (None, crate::session::Sampling::Nonblocking) => "nonblocking",
+            (None, crate::session::Sampling::Exact) => "ptrace",
+        },
     };
     let start_time = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
     let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_BATCHES);
@@ -87,19 +94,34 @@ pub fn run(cfg: &TopConfig) -> anyhow::Result<i32> {
         let discover: Option<&mut dyn Discover> = if subprocesses { Some(&mut finder) } else { None };
         let mut sessions = vec![first];
         let mut feed = feed::Feed::new(tx, full);
-        let (stats, reason) = sampler::run(&mut sessions, &sampling, &mut feed, &mut sampler::NoProgress, discover);
+        let (stats, reason, kernel_stats) = match kernel.as_mut() {
+            Some(k) => match crate::kernel::run::run(k, &mut sessions, &sampling, &mut feed, &mut sampler::NoProgress) {
+                Ok((s, r, ks)) => (s, r, Ok(Some(ks))),
+                // Ends the view at once; reported once it is gone.
+                Err(e) => (sampler::SamplerStats::default(), sampler::StopReason::TargetExited, Err(e)),
+            },
+            None => {
+                let (s, r) = sampler::run(&mut sessions, &sampling, &mut feed, &mut sampler::NoProgress, discover);
+                (s, r, Ok(None))
+            }
+        };
+        drop(kernel);
         let full = feed.finish(&stats, reason);
-        (stats, reason, full)
+        (stats, reason, full, kernel_stats)
     });
     let sampler = sampler.map_err(TopError::Spawn)?;
     let shown = if live { tui::run(rx, &about, cfg.refresh).map(|o| o.reason) } else { plain::run(rx, &about, cfg.rows, cfg.refresh) };
     // The view may end first (q): sampling stops with it.
     sampler::STOP.store(true, Ordering::SeqCst);
-    let (stats, reason, full) = sampler.join().map_err(|_| TopError::SamplerPanicked)?;
+    let (stats, reason, full, kernel_stats) = sampler.join().map_err(|_| TopError::SamplerPanicked)?;
+    let kernel_stats = kernel_stats?;
     let ended_by_itself = matches!(shown?, Some(r) if r != sampler::StopReason::Interrupted);
     if let (Some(pending), Some(agg)) = (pending, full) {
         let native = rc.attach.native.is_some();
-        let meta = summary::meta(rc, &target, &stats, reason, start_time, agg.overflowed, native);
+        let mut meta = summary::meta(rc, &target, &stats, reason, start_time, agg.overflowed, native);
+        if let Some(ks) = &kernel_stats {
+            meta.sampling = crate::kernel::run::acquisition(ks, &stats);
+        }
         let profile = agg.into_profile(meta);
         let writer = rc.format.writer_reading(rc.view, sources);
         pending.commit(|w| writer.write(&profile, w))?;

@@ -18,6 +18,8 @@ pub struct About {
     pub cwd: Option<String>,
     pub mode: Option<Mode>,
     pub rate_hz: f64,
+    /// Which sampler runs: "ptrace", "kernel" or "nonblocking".
+    pub sampler: &'static str,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -194,9 +196,10 @@ impl Screen {
         let mode = about.mode.map(|m| m.name()).unwrap_or("wall");
         // The command last: it is the longest and the first to be cut.
         format!(
-            "pid {} · Python {} · {mode} · {:.0} Hz of {} · {:.1} s · {}",
+            "pid {} · Python {} · {mode} ({}) · {:.0} Hz of {} · {:.1} s · {}",
             about.pid,
             about.python_version,
+            about.sampler,
             self.achieved_hz,
             about.rate_hz,
             self.elapsed.as_secs_f64(),

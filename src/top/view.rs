@@ -194,7 +194,7 @@ mod tests {
     /// layout that cannot be met), and small ones say they are too small.
     #[test]
     fn every_terminal_size_draws() {
-        let about = About { pid: 1, command: "python app.py".into(), python_version: "3.12.1".into(), ..Default::default() };
+        let about = About { pid: 1, command: "python app.py".into(), python_version: "3.12.1".into(), sampler: "ptrace", ..Default::default() };
         for (detail, picking) in [(false, false), (true, false), (false, true)] {
             let (s, mut ui) = screen(detail);
             ui.picking = picking.then_some(1);
