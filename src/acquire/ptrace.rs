@@ -551,12 +551,37 @@ pub fn release_frozen() {
     });
 }
 
-/// Let go of every frozen thread, waiting for each to stop (bounded): at
-/// the end of a recording, so none stays stopped while pyprof writes.
+/// Let go of every frozen thread, waiting for them to stop (bounded): at
+/// the end of a recording, so none stays stopped while pyprof writes, and
+/// before a tick's parallel snapshots, whose threads may seize them. Those
+/// that have stopped go at once, and the others are waited for together:
+/// waited for one after another (up to [`RELEASE_TRIES`] stops' timeouts
+/// each), a thread that would not stop kept every frozen thread after it
+/// in the list stopped as long (an hour-long agent soak: a 100-thread
+/// target's main thread stayed held for over a second while the agent
+/// missed a short-lived target altogether).
 pub fn release_all_frozen() {
-    let left: Vec<(i32, i32)> = FROZEN.with(|f| std::mem::take(&mut *f.borrow_mut()));
-    for (pid, tid) in left {
-        release_unstopped(pid, tid, HoldPolicy::default());
+    let start = Instant::now();
+    let deadline = start + STOP_TIMEOUT * RELEASE_TRIES;
+    let mut interrupt_at = start + STOP_TIMEOUT;
+    loop {
+        release_frozen();
+        let now = Instant::now();
+        if FROZEN.with(|f| f.borrow().is_empty()) || now >= deadline {
+            // Those left stay frozen: a later tick lets them go once they stop.
+            return;
+        }
+        if now >= interrupt_at {
+            FROZEN.with(|f| {
+                for &(_, tid) in f.borrow().iter() {
+                    // SAFETY: no pointers.
+                    unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize) };
+                }
+            });
+            interrupt_at = now + STOP_TIMEOUT;
+        }
+        // Slices: a SIGCHLD may report any of them.
+        sleep_for_sigchld(interrupt_at.min(deadline), true);
     }
 }
 
@@ -719,6 +744,66 @@ mod tests {
         }
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(status_field(pid, "State:").as_deref().and_then(|s| s.chars().next()), Some('R'));
+    }
+
+    /// Frozen threads are let go together: one that has stopped is let go
+    /// at once, whatever those before it in the list do. Here the first
+    /// cannot stop (kept off its CPU) and the second has; the second must
+    /// be let go while the first is still traced (they were let go in list
+    /// order, the second held until the first stopped or 2 s passed).
+    #[test]
+    fn a_stopped_frozen_thread_is_not_held_behind_one_that_will_not_stop() {
+        let _cpu = crate::process::cpu_hog::one_at_a_time();
+        // The kernel lends a real-time hog's CPU to starved tasks now and
+        // then: a first child that stopped in such a window was let go
+        // first by either rule, and the case is tried again. Released in
+        // list order, it is let go first every time.
+        let mut outcomes = Vec::new();
+        for _ in 0..3 {
+            let blocked = Busy::on(last_cpu());
+            let sleeper = Busy(std::process::Command::new("sleep").arg("30").spawn().unwrap());
+            let (a, b) = (blocked.pid(), sleeper.pid());
+            assert!(seize(a, a).unwrap() && seize(b, b).unwrap());
+            let Some(hog) = crate::process::cpu_hog::Hog::on(last_cpu()) else { return };
+            // SAFETY: no pointers.
+            unsafe {
+                libc::ptrace(libc::PTRACE_INTERRUPT, a, 0usize, 0usize);
+                libc::ptrace(libc::PTRACE_INTERRUPT, b, 0usize, 0usize);
+            }
+            // In its stop, not yet reported to us (as a frozen thread is).
+            let end = Instant::now() + Duration::from_secs(5);
+            while status_field(b, "State:").and_then(|s| s.chars().next()) != Some('t') {
+                assert!(Instant::now() < end, "the sleeper did not stop");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            FROZEN.with(|f| f.borrow_mut().extend([(a, a), (b, b)]));
+            // Whether the first was still traced when the second was let go.
+            let first_still_traced = std::thread::spawn(move || {
+                let end = Instant::now() + Duration::from_secs(5);
+                while Instant::now() < end {
+                    if status_field(b, "TracerPid:").as_deref() == Some("0") {
+                        return Some(status_field(a, "TracerPid:").as_deref() != Some("0"));
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                None
+            });
+            release_all_frozen();
+            let seen = first_still_traced.join().unwrap();
+            drop(hog);
+            let end = Instant::now() + Duration::from_secs(5);
+            while FROZEN.with(|f| !f.borrow().is_empty()) && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(5));
+                release_frozen();
+            }
+            assert_eq!(status_field(a, "TracerPid:").as_deref(), Some("0"), "the busy child is still traced");
+            assert!(seen.is_some(), "the stopped sleeper was never let go");
+            outcomes.push(seen);
+            if seen == Some(true) {
+                return;
+            }
+        }
+        panic!("the stopped thread was let go only after the one before it in the list: {outcomes:?}");
     }
 
     /// Waits up to 5 s for `child` to end; its status, or None if it runs on.
