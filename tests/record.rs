@@ -436,7 +436,9 @@ fn impossible_stacks(min_minor: u32, args: &[&str], function: &str, call: &str) 
             }
         }
         if bad > 0 {
-            eprintln!("{}: {bad} impossible stacks of {}", py.label, p.meta.samples);
+            // How the snapshots were taken (frozen, unstopped, off-CPU
+            // reads...): the path a torn one came through, when it is rare.
+            eprintln!("{}: {bad} impossible stacks of {}; sampling {:?}", py.label, p.meta.samples, p.meta.sampling);
         }
         let mut t = totals.lock().unwrap();
         t.0 += p.meta.samples;
