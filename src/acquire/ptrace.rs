@@ -319,6 +319,15 @@ fn release_unstopped(pid: i32, tid: i32, policy: HoldPolicy) {
 
 fn release_within(pid: i32, tid: i32, policy: HoldPolicy, tries: u32) {
     for _ in 0..tries {
+        // Interrupted first, every try: a thread seized and not yet
+        // interrupted (a later seize failed, which cuts `add` short) never
+        // stops by itself, and each one released then waited out a whole
+        // timeout, traced while it ran (an agent soak: a 100-thread
+        // target's main thread for over a second, the sampler stalled).
+        // SAFETY: no pointers.
+        unsafe {
+            libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize);
+        }
         match wait_stop(pid, tid, policy) {
             Some(Some(sig)) => {
                 // SAFETY: no pointers.
@@ -328,10 +337,7 @@ fn release_within(pid: i32, tid: i32, policy: HoldPolicy, tries: u32) {
                 return;
             }
             None => return,
-            // SAFETY: no pointers.
-            Some(None) => unsafe {
-                libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize);
-            },
+            Some(None) => {}
         }
     }
     FROZEN.with(|f| f.borrow_mut().push((pid, tid)));
@@ -347,6 +353,13 @@ fn seize(pid: i32, tid: i32) -> Result<bool> {
     match err.raw_os_error() {
         // The thread exited since we listed it.
         Some(libc::ESRCH) => Ok(false),
+        // Or is exiting: the kernel refuses a thread with PF_EXITING set
+        // (and a zombie main thread) with EPERM. Taken for a lack of
+        // rights, it lost the whole snapshot as "stop_refused" whenever one
+        // of 100 threads ended between the list and the seize (agent soaks:
+        // 1-4 an hour; a process whose main thread has exited would lose
+        // every one). It has no stack to take.
+        Some(libc::EPERM) if crate::process::thread_is_exiting(pid, tid) => Ok(false),
         Some(libc::EPERM) => Err(Error::CannotStop {
             pid,
             why: match tracer_of(pid, tid) {
@@ -678,6 +691,74 @@ mod tests {
 
     fn last_cpu() -> usize {
         std::thread::available_parallelism().map_or(1, |n| n.get()) - 1
+    }
+
+    /// The kernel refuses to seize a thread on its way out with the EPERM
+    /// it gives for a lack of rights: here a main thread that has exited
+    /// while another thread runs on (a zombie until the process ends).
+    /// It is skipped, and the others held: taken for a refusal, it lost
+    /// the whole snapshot.
+    #[test]
+    fn an_exited_thread_is_skipped_not_refused() {
+        // SYS_exit ends the calling thread only (exit_group, the process).
+        let script = "import ctypes, threading, time\nthreading.Thread(target=time.sleep, args=(30,)).start()\nctypes.CDLL(None).syscall(60, 0)";
+        let child = Busy(std::process::Command::new("python3").args(["-c", script]).spawn().unwrap());
+        let pid = child.pid();
+        let end = Instant::now() + Duration::from_secs(10);
+        while crate::process::task_state(pid, pid) != Some('Z') {
+            assert!(Instant::now() < end, "the main thread did not exit");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let other: i32 = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .find(|&t| t != pid)
+            .expect("the sleeping thread");
+        let mut stopped = Stopped::none(pid, HoldPolicy::default());
+        stopped.add(&[pid, other], false).expect("an exited thread refused the snapshot");
+        assert!(stopped.holds(other) && !stopped.holds(pid));
+        drop(stopped);
+        let tracer = std::fs::read_to_string(format!("/proc/{pid}/task/{other}/status")).unwrap();
+        assert!(tracer.lines().any(|l| l.split_whitespace().eq(["TracerPid:", "0"])), "{tracer}");
+    }
+
+    /// A seize refused halfway through `add` (a thread another tracer
+    /// has) leaves the threads seized before it not yet interrupted: let
+    /// go, each is interrupted first, not waited for until a timeout while
+    /// it runs on traced.
+    #[test]
+    fn threads_seized_before_a_refusal_are_let_go_at_once() {
+        let script = "import threading, time\nthreading.Thread(target=time.sleep, args=(30,)).start()\ntime.sleep(30)";
+        let child = Busy(std::process::Command::new("python3").args(["-c", script]).spawn().unwrap());
+        let a = child.pid();
+        let end = Instant::now() + Duration::from_secs(10);
+        let b = loop {
+            let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{a}/task")).unwrap().filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+            if let Some(&t) = tids.iter().find(|&&t| t != a) {
+                break t;
+            }
+            assert!(Instant::now() < end, "no second thread");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        // Another tracer (a thread of ours) holds thread b until told to let go.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
+        let other = std::thread::spawn(move || {
+            assert!(seize(b, b).unwrap());
+            held_tx.send(()).unwrap();
+            let _ = rx.recv();
+        });
+        held_rx.recv().unwrap();
+        let mut stopped = Stopped::none(a, HoldPolicy::default());
+        assert!(matches!(stopped.add(&[a, b], false), Err(Error::CannotStop { .. })));
+        let start = Instant::now();
+        drop(stopped);
+        let took = start.elapsed();
+        tx.send(()).unwrap();
+        other.join().unwrap();
+        assert_eq!(status_field(a, "TracerPid:").as_deref(), Some("0"));
+        // A stop's timeout can only have passed if it was waited out.
+        assert!(took < STOP_TIMEOUT, "let go after {took:?}");
     }
 
     /// A busy child kept off its CPU (a real-time spinner holds that CPU)

@@ -342,8 +342,19 @@ pub fn reaped_status(pid: i32) -> Option<i32> {
 /// set): from then on ptrace refuses to seize it and its memory may be
 /// gone, well before /proc shows it as a zombie.
 pub fn is_exiting(pid: i32) -> bool {
+    stat_says_exiting(&format!("/proc/{pid}/stat"))
+}
+
+/// Whether thread `tid` of `pid` is on its way out or gone (PF_EXITING, or
+/// no longer listed). ptrace refuses to seize such a thread with the EPERM
+/// it gives for a lack of rights, whatever the rights.
+pub fn thread_is_exiting(pid: i32, tid: i32) -> bool {
+    stat_says_exiting(&format!("/proc/{pid}/task/{tid}/stat"))
+}
+
+fn stat_says_exiting(path: &str) -> bool {
     const PF_EXITING: u64 = 0x4;
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return true };
+    let Ok(stat) = std::fs::read_to_string(path) else { return true };
     // comm may hold spaces and parentheses: fields follow the last ')'; flags is field 9.
     let flags = stat.rfind(')').and_then(|i| stat.get(i + 2..)).and_then(|r| r.split(' ').nth(6)).and_then(|f| f.parse::<u64>().ok());
     flags.is_some_and(|f| f & PF_EXITING != 0)
