@@ -48,16 +48,21 @@ SCRIPT = os.path.join(ROOT, "tests", "scripts", "steady_work.py")
 CACHE = os.environ.get("PYPROF_CACHE", os.path.expanduser("~/.cache/pyprof"))
 PYENV_ROOT = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
 
-# name -> pyprof arguments; {pid}, {secs} and {out} are filled in.
+# name -> pyprof arguments; {pid}, {secs} and {out} are filled in. The
+# stopping sampler is named: it is the one whose stops a kill may land in.
+# The kernel sampler stops nothing; a kill of it must leave nothing behind.
 COMMANDS = {
-    "record-1k": "record --pid {pid} -r 1000 -d {secs} -q -o {out}/p.json",
-    "record-10k": "record --pid {pid} -r 10000 -d {secs} -q -o {out}/p.json",
+    "record-1k": "record --sampler ptrace --pid {pid} -r 1000 -d {secs} -q -o {out}/p.json",
+    "record-10k": "record --sampler ptrace --pid {pid} -r 10000 -d {secs} -q -o {out}/p.json",
+    "record-kernel": "record --sampler kernel --pid {pid} -r 10000 -d {secs} -q -o {out}/p.json",
     "record-native": "record --native --pid {pid} -r 1000 -d {secs} -q -o {out}/p.json",
-    "top": "top --pid {pid} -r 1000 -d {secs} --refresh 0.1",
+    "top": "top --sampler ptrace --pid {pid} -r 1000 -d {secs} --refresh 0.1",
     "agent": "agent --pid {pid} -r 1000 --max-cpu 100% --listen 127.0.0.1:0 -d {secs}",
     "dump": "dump --pid {pid}",
     "dump-native": "dump --native --pid {pid}",
 }
+# Never stops a thread: a kill aimed at a stop would wait for one in vain.
+NEVER_STOPS = {"record-kernel"}
 
 
 def find_pythons(labels):
@@ -255,7 +260,8 @@ def run_case(pyprof, label, exe, chroot, name, args, rng, tmp):
             row["failures"].append("unkilled run exited %s (log: %s)" % (rc, logf.name))
             return row
         row["run_secs"] = round(length, 3)
-        plan = [False] * args.kills + [True] * args.aimed
+        aimed_kills = 0 if name in NEVER_STOPS else args.aimed
+        plan = [False] * (args.kills + args.aimed - aimed_kills) + [True] * aimed_kills
         rng.shuffle(plan)
         for aimed in plan:
             # Aimed kills wait a uniform delay over the first 80 % of the run, then for a stop.

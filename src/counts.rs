@@ -8,6 +8,19 @@
 
 use std::time::Duration;
 
+/// What the kernel sampler's eBPF program has cost so far, from the
+/// kernel's BPF statistics (here, not in `kernel`: the sampler's stats and
+/// the agent's metrics carry it without depending on the loader).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ProgramCost {
+    /// Runs of the program (every tick of every CPU, target or not).
+    pub runs: u64,
+    pub run_time: Duration,
+    /// Ticks that hit a target thread, and records lost to a full ring.
+    pub hits: u64,
+    pub lost: u64,
+}
+
 /// How samples were taken: one snapshot's counts, or a recording's sum.
 /// Fields are grouped by the part that counts them; a part leaves the
 /// others at zero.

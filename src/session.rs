@@ -241,6 +241,11 @@ impl Session {
         self.gc_frame.is_some()
     }
 
+    /// The `<GC>` frame put on top of a collecting thread's stack, if on.
+    pub fn gc_frame(&self) -> Option<&Frame> {
+        self.gc_frame.as_ref()
+    }
+
     /// Every thread's stack, innermost frame first (with C frames under
     /// `--native`, as task await chains under `--async`, and `<GC>` on top
     /// while the collector runs on it), with how the instant was made.

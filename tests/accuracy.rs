@@ -215,8 +215,8 @@ fn pyprof_result(what: &str, out: &Output, path: &Path) -> Recording {
     Recording { stacks, ticks, samples, profile: Some(profile) }
 }
 
-/// pyprof (default: wall mode, exact sampling; `extra` arguments may say
-/// otherwise) on a running process.
+/// pyprof (default: wall mode, `--sampler auto`, the kernel sampler where
+/// allowed; `extra` arguments may say otherwise) on a running process.
 fn pyprof_attach(pid: i32, rate: u32, secs: f64, out: &Path, extra: &[&str]) -> Recording {
     let mut cmd = niced_command(Path::new(pyprof_bin()));
     cmd.args(["record", "--pid", &pid.to_string(), "-r", &rate.to_string(), "-d", &format!("{secs}"), "-f", "json", "-o"]).arg(out).args(extra);
@@ -225,7 +225,8 @@ fn pyprof_attach(pid: i32, rate: u32, secs: f64, out: &Path, extra: &[&str]) -> 
     pyprof_result(&format!("pyprof record --pid {pid} -r {rate}"), &output, out)
 }
 
-/// pyprof on a command it starts.
+/// pyprof on a command it starts, with its defaults (the kernel sampler
+/// in CI, which runs as root).
 fn pyprof_launch(argv: &[String], rate: u32, out: &Path, env: &[(&str, &str)], limit: Duration) -> Recording {
     let mut cmd = niced_command(Path::new(pyprof_bin()));
     cmd.args(["record", "-r", &rate.to_string(), "-f", "json", "-o"]).arg(out).arg("--").args(argv).envs(env.iter().copied());
@@ -559,7 +560,7 @@ fn short_callees_match_pyspy_at_1khz_and_10khz() {
     let Some(pyspy) = pyspy_bin() else { return };
     let _serial = heavy();
     let started = Instant::now();
-    for_each_interpreter(|py| judged("short_callees", || measure_short_callees(py, &pyspy, &[])));
+    for_each_interpreter(|py| judged("short_callees", || measure_short_callees(py, &pyspy, &["--sampler", "ptrace"])));
     eprintln!("accuracy: short_callees took {:.0} s", started.elapsed().as_secs_f64());
 }
 
@@ -702,7 +703,7 @@ fn measure_churn(py: &Interpreter, extra: &[&str]) -> Outcome {
 fn churn_long_loop_share_and_ticks_kept() {
     let _serial = heavy();
     let started = Instant::now();
-    for_each_interpreter(|py| judged("churn", || measure_churn(py, &[])));
+    for_each_interpreter(|py| judged("churn", || measure_churn(py, &["--sampler", "ptrace"])));
     eprintln!("accuracy: churn took {:.0} s", started.elapsed().as_secs_f64());
 }
 

@@ -57,17 +57,19 @@ fn line_of(script: &str, marker: &str) -> u32 {
 /// gc.callbacks function the collection calls, or alone at exit) are its share
 /// within 5 points of what gc.callbacks measured in it; `meta` and the
 /// summary line say the same share. With `--no-gc` no `<GC>` at all.
+/// Both samplers: the ptrace one reads the flag with the holder stopped,
+/// the kernel one beside the frames at the interrupt.
 #[test]
 fn gc_share_matches_gc_callbacks_and_no_gc_leaves_it_out() {
     let _serial = heavy();
     for_each_interpreter(|py| {
         let dir = temp_dir("gc");
-        for no_gc in [false, true] {
+        for (sampler, no_gc) in [("ptrace", false), ("ptrace", true), ("kernel", false), ("kernel", true)] {
             let target = py.spawn("gc_cycles.py", &[if no_gc { "1" } else { "3" }]);
-            let out_path = dir.join(format!("p{no_gc}.json"));
+            let out_path = dir.join(format!("p{sampler}{no_gc}.json"));
             let pid = target.pid().to_string();
             // -v: the share of <GC> samples is one of the diagnostics.
-            let mut args = vec!["--pid", &pid, "-r", "1k", "-v", "-o", out_path.to_str().unwrap()];
+            let mut args = vec!["--pid", &pid, "--sampler", sampler, "-r", "1k", "-v", "-o", out_path.to_str().unwrap()];
             if no_gc {
                 args.push("--no-gc");
             }
@@ -75,7 +77,10 @@ fn gc_share_matches_gc_callbacks_and_no_gc_leaves_it_out() {
             let (in_gc, total) = measured(&target, "gc ");
             let p = read_profile(&out_path);
             let stderr = String::from_utf8_lossy(&out.stderr);
-            let label = format!("{} no_gc={no_gc}: {} samples, errors {:?}", py.label, p.meta.samples, p.meta.errors);
+            let label = format!("{} {sampler} no_gc={no_gc}: {} samples, errors {:?}", py.label, p.meta.samples, p.meta.errors);
+            if sampler == "kernel" && !kernel_ran(&p.meta.sampling.method, &stderr, &label) {
+                continue;
+            }
             assert!(p.meta.samples > if no_gc { 300 } else { 1500 }, "{label}");
             let mut gc = 0;
             for s in &p.stacks {
@@ -100,7 +105,7 @@ fn gc_share_matches_gc_callbacks_and_no_gc_leaves_it_out() {
             }
             let share = 100.0 * gc as f64 / p.meta.samples as f64;
             let truth = 100.0 * in_gc / total;
-            eprintln!("{}: <GC> {share:.1} % of {} samples, gc.callbacks {truth:.1} %", py.label, p.meta.samples);
+            eprintln!("{} {sampler}: <GC> {share:.1} % of {} samples, gc.callbacks {truth:.1} %", py.label, p.meta.samples);
             assert!(truth > 10.0 && truth < 90.0, "{label}: the target collected {truth:.1} % of its time: no test");
             assert!((share - truth).abs() <= 5.0, "{label}: <GC> {share:.1} %, gc.callbacks {truth:.1} %");
             assert_eq!(p.meta.gc_samples, Some(gc), "{label}");

@@ -137,10 +137,10 @@ fn a_target_its_shell_stops_stays_stopped_under_sampling_and_resumes_on_sigcont(
         let p = pid.to_string();
         let mut conts = 0;
         let cases = [
-            (vec!["record", "-r", "2000"], libc::SIGSTOP, pid),
-            (vec!["record", "--native", "-r", "1000"], libc::SIGSTOP, pid),
-            (vec!["record", "-r", "2000"], libc::SIGTSTP, -pid),
-            (vec!["record", "--native", "-r", "1000"], libc::SIGTSTP, -pid),
+            (vec!["record", "--sampler", "ptrace", "-r", "2000"], libc::SIGSTOP, pid),
+            (vec!["record", "--sampler", "ptrace", "--native", "-r", "1000"], libc::SIGSTOP, pid),
+            (vec!["record", "--sampler", "ptrace", "-r", "2000"], libc::SIGTSTP, -pid),
+            (vec!["record", "--sampler", "ptrace", "--native", "-r", "1000"], libc::SIGTSTP, -pid),
         ];
         for (args, stop, to) in cases {
             let (pyprof, argv) = record_in_background(&args, &p, "2.5");
@@ -175,8 +175,8 @@ fn pyprof_leaves_an_already_stopped_target_stopped() {
         let dir = temp_dir("stopped-first");
         let out = dir.join("p.json");
         for args in [
-            vec!["record", "--pid", &p, "-r", "2000", "-d", "0.5", "-q", "-o", out.to_str().unwrap()],
-            vec!["record", "--native", "--pid", &p, "-r", "1000", "-d", "0.5", "-q", "-o", out.to_str().unwrap()],
+            vec!["record", "--sampler", "ptrace", "--pid", &p, "-r", "2000", "-d", "0.5", "-q", "-o", out.to_str().unwrap()],
+            vec!["record", "--sampler", "ptrace", "--native", "--pid", &p, "-r", "1000", "-d", "0.5", "-q", "-o", out.to_str().unwrap()],
             vec!["dump", "--pid", &p],
             vec!["dump", "--native", "--pid", &p],
         ] {
@@ -212,9 +212,11 @@ fn send_traps(target: &TargetProcess, n: u64) {
 #[test]
 fn the_targets_own_sigtraps_reach_its_handler_or_its_ignore() {
     for_each_interpreter(|py| {
-        for (trap, args) in
-            [("count", vec!["record", "-r", "10000"]), ("count", vec!["record", "--native", "-r", "2000"]), ("ignore", vec!["record", "-r", "10000"])]
-        {
+        for (trap, args) in [
+            ("count", vec!["record", "--sampler", "ptrace", "-r", "10000"]),
+            ("count", vec!["record", "--sampler", "ptrace", "--native", "-r", "2000"]),
+            ("ignore", vec!["record", "--sampler", "ptrace", "-r", "10000"]),
+        ] {
             let target = py.spawn("steady_work.py", &["--trap", trap]);
             let p = target.pid().to_string();
             let (pyprof, argv) = record_in_background(&args, &p, "30");
@@ -256,8 +258,8 @@ fn a_target_under_another_tracer_gets_one_clear_line_from_every_command() {
     let dir = temp_dir("traced-by-strace");
     let out = dir.join("p.json");
     for args in [
-        vec!["record", "--pid", &p, "-d", "1", "-o", out.to_str().unwrap()],
-        vec!["top", "--pid", &p, "-d", "1"],
+        vec!["record", "--sampler", "ptrace", "--pid", &p, "-d", "1", "-o", out.to_str().unwrap()],
+        vec!["top", "--sampler", "ptrace", "--pid", &p, "-d", "1"],
         vec!["agent", "--pid", &p, "-d", "1", "--listen", "127.0.0.1:0"],
         vec!["dump", "--pid", &p],
     ] {
@@ -278,7 +280,7 @@ fn processes_and_threads_that_come_and_go_under_a_recording_crash_nothing() {
         let o = out.to_str().unwrap();
         // A parent that forks and execs a child Python and waits for it,
         // launched by pyprof, which follows the child: its exit code comes back.
-        let mut argv = vec!["record", "--subprocesses", "-r", "2000", "-q", "-o", o, "--"];
+        let mut argv = vec!["record", "--sampler", "ptrace", "--subprocesses", "-r", "2000", "-q", "-o", o, "--"];
         let parent = py.argv("parent.py", &[]);
         argv.extend(parent.iter().map(String::as_str));
         let run = pyprof(&argv);
@@ -286,7 +288,7 @@ fn processes_and_threads_that_come_and_go_under_a_recording_crash_nothing() {
         // Threads that exit while held, at every stop (--native holds them all).
         let churn = py.spawn("thread_churn.py", &[]);
         let p = churn.pid().to_string();
-        for args in [vec!["record", "--native", "-r", "2000"], vec!["record", "-r", "10000"]] {
+        for args in [vec!["record", "--sampler", "ptrace", "--native", "-r", "2000"], vec!["record", "--sampler", "ptrace", "-r", "10000"]] {
             let mut a = args.clone();
             a.extend(["--pid", &p, "-d", "1.5", "-q", "-o", o]);
             let run = pyprof(&a);
@@ -296,7 +298,7 @@ fn processes_and_threads_that_come_and_go_under_a_recording_crash_nothing() {
         // A target that exits mid-recording ends it, well.
         let target = py.spawn("churn.py", &["1.0"]);
         let p = target.pid().to_string();
-        let run = pyprof(&["record", "-r", "10000", "--pid", &p, "-d", "20", "-q", "-o", o]);
+        let run = pyprof(&["record", "--sampler", "ptrace", "-r", "10000", "--pid", &p, "-d", "20", "-q", "-o", o]);
         assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     });
 }

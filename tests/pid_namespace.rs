@@ -71,7 +71,7 @@ fn threads_of_a_target_in_a_pid_namespace_are_the_hosts() {
             }
         }
 
-        let (p, stderr) = record(pid, &[], "ns-exact");
+        let (p, stderr) = record(pid, &["--sampler", "ptrace"], "ns-exact");
         // Each tick's holder is stopped, or proven off CPU by its context
         // switches (a busy machine makes most ticks so): both need its host id.
         let s = &p.meta.sampling;

@@ -223,8 +223,11 @@ impl Finder {
 }
 
 impl Discover for Finder {
+    fn ticked(&mut self, n: u64) {
+        self.windows.ticked(n);
+    }
+
     fn poll(&mut self, sessions: &mut Vec<Session>) {
-        self.windows.tick();
         self.forget_gone(sessions);
         let now = Instant::now();
         if matches!(self.selection, Selection::All { .. }) {

@@ -24,6 +24,10 @@ pub struct Counts {
     pub requests: BTreeMap<u16, u64>,
     /// Connections and requests the HTTP server turned away, by reason.
     pub refused: BTreeMap<&'static str, u64>,
+    /// Which sampler runs: "kernel", "ptrace" or "nonblocking".
+    pub sampler: &'static str,
+    /// The kernel sampler's program: its runs and CPU time so far.
+    pub bpf_program: Option<crate::counts::ProgramCost>,
 }
 
 #[derive(Default)]
@@ -41,6 +45,9 @@ impl Counters {
         c.samples = stats.samples;
         c.late = stats.late;
         c.errors.clone_from(&stats.errors);
+        if stats.kernel_program.is_some() {
+            c.bpf_program = stats.kernel_program;
+        }
     }
 
     pub fn ignored(&self, reason: &'static str) {
@@ -69,7 +76,27 @@ pub fn rows(c: &Counts) -> Vec<Metric> {
         metric("pyprof_agent_late_ticks_total", "Ticks taken later than their own interval.", Counter, &[], c.late as f64),
         metric("pyprof_agent_targets_attached_total", "Processes attached since the start.", Counter, &[], c.attached as f64),
         metric("pyprof_agent_targets_exited_total", "Attached processes that exited.", Counter, &[], c.exited as f64),
+        metric(
+            "pyprof_agent_sampler_info",
+            "The sampler in use (kernel: eBPF at the interrupt, nothing stopped).",
+            MetricKind::Gauge,
+            &[("sampler", c.sampler)],
+            1.0,
+        ),
     ];
+    if let Some(p) = &c.bpf_program {
+        // What sampling costs the targets under the kernel sampler: the
+        // program runs on their CPUs, at their interrupts.
+        out.push(metric(
+            "pyprof_agent_bpf_program_seconds_total",
+            "CPU time of the kernel sampler's eBPF program, all CPUs.",
+            Counter,
+            &[],
+            p.run_time.as_secs_f64(),
+        ));
+        out.push(metric("pyprof_agent_bpf_program_runs_total", "Runs of the kernel sampler's eBPF program, all CPUs.", Counter, &[], p.runs as f64));
+        out.push(metric("pyprof_agent_kernel_records_lost_total", "Kernel sampler records lost to a full ring.", Counter, &[], p.lost as f64));
+    }
     // Every kind listed, zero or not: a dashboard's rate() needs the series from the start.
     let mut errors: BTreeMap<&str, u64> = ["read", "torn", "corrupt", "permission", "stop_refused", "other"].into_iter().map(|k| (k, 0)).collect();
     errors.extend(c.errors.iter().map(|(k, v)| (k.as_str(), *v)));

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use crate::kernel::choose::{SamplerChoice, Wanted, choose};
 use crate::sampler::{self, Mode, Sample, SamplerStats, SamplingConfig, Sink};
 use crate::session::SessionOptions;
 use discover::{Finder, Selection};
@@ -44,6 +45,9 @@ const FLUSH_DEADLINE: Duration = Duration::from_secs(3);
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub selection: Selection,
+    /// `--sampler`: the kernel sampler (one perf event set for every
+    /// target) where allowed, else each target's GIL holder stopped.
+    pub sampler: SamplerChoice,
     /// Highest rate (`--rate`); the CPU budget may sample slower.
     pub rate_hz: f64,
     pub mode: Mode,
@@ -114,10 +118,34 @@ pub fn run(cfg: &AgentConfig, exporters: Vec<Box<dyn Exporter>>) -> anyhow::Resu
     let stop = Arc::new(AtomicBool::new(false));
     let budget = budget::Budget::new(cfg.rate_hz, cfg.max_cpu);
 
+    let wanted = Wanted {
+        mode: cfg.mode,
+        rate_hz: cfg.rate_hz,
+        native: cfg.attach.native.is_some(),
+        asyncio: cfg.attach.asyncio.is_some(),
+        subprocesses: false,
+        thread_filter: !cfg.attach.threads.is_all(),
+    };
+    let (mut kernel, note) = choose(cfg.sampler, &wanted);
+    // Under the kernel sampler nothing is stopped: targets are attached
+    // without a probe stop, and wall mode's user-space half reads threads
+    // proven off CPU, lock-free.
+    let attach = match kernel {
+        Some(_) => SessionOptions { sampling: crate::session::Sampling::Nonblocking, ..cfg.attach.clone() },
+        None => cfg.attach.clone(),
+    };
+    counters.lock().sampler = match (&kernel, attach.sampling) {
+        (Some(_), _) => "kernel",
+        (None, crate::session::Sampling::Nonblocking) => "nonblocking",
+        (None, _) => "ptrace",
+    };
     let labels = labels::LabelSource::new(cfg.service.clone(), cfg.labels.clone());
-    let mut finder = Finder::new(cfg.selection.clone(), cfg.attach.clone(), labels, windows.clone(), counters.clone());
+    let mut finder = Finder::new(cfg.selection.clone(), attach, labels, windows.clone(), counters.clone());
     let mut sessions = Vec::new();
     finder.attach_given(&mut sessions)?;
+    if let Some(n) = note {
+        eprintln!("pyprof: {n}");
+    }
 
     if let Some((listener, addr)) = listener {
         let ctx = Arc::new(server::Ctx {
@@ -164,7 +192,15 @@ pub fn run(cfg: &AgentConfig, exporters: Vec<Box<dyn Exporter>>) -> anyhow::Resu
         rate_control: Some(budget.rate_control()),
     };
     let mut feed = Feed { windows: windows.clone(), counters: counters.clone() };
-    let (stats, _reason) = sampler::run(&mut sessions, &sampling, &mut feed, &mut sampler::NoProgress, Some(&mut finder));
+    let stats = match kernel.as_mut() {
+        Some(k) => {
+            let (stats, _reason, ks) = crate::kernel::run::run(k, &mut sessions, &sampling, &mut feed, &mut sampler::NoProgress, Some(&mut finder))?;
+            counters.lock().bpf_program = Some(ks.program);
+            stats
+        }
+        None => sampler::run(&mut sessions, &sampling, &mut feed, &mut sampler::NoProgress, Some(&mut finder)).0,
+    };
+    drop(kernel);
     counters.sampled(&stats);
 
     stop.store(true, Ordering::Relaxed);
@@ -213,7 +249,7 @@ mod tests {
         let frames = [Frame::python("work", "app.py", 3)];
         let mut feed = Feed { windows: windows.clone(), counters: Arc::new(Counters::default()) };
         for _ in 0..5 {
-            windows.tick();
+            windows.ticked(1);
             feed.add(&Sample {
                 pid: 7,
                 command: "python app.py",

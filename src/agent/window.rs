@@ -153,9 +153,9 @@ impl Windows {
         self.lock().ticks
     }
 
-    /// One tick was taken.
-    pub fn tick(&self) {
-        self.lock().ticks += 1;
+    /// `n` more ticks were taken.
+    pub fn ticked(&self, n: u64) {
+        self.lock().ticks += n;
     }
 
     pub fn add(&self, s: &Sample) {
@@ -266,7 +266,7 @@ mod tests {
         let all = w.start_pull(None).unwrap();
         let one = w.start_pull(Some(2)).unwrap();
         for _ in 0..3 {
-            w.tick();
+            w.ticked(1);
             w.add(&sample(1, &f));
             w.add(&sample(2, &f));
         }

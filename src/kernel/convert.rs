@@ -64,6 +64,7 @@ pub fn target_config(interp: &Interpreter, main_interp: u64) -> Option<TargetCon
         gil_locked: gil.map_or(0, |g| g.locked_word()),
         gil_holder: gil.map_or(0, |g| g.holder),
         counter: interp.code_counter(main_interp).map_or(0, CodeCounter::addr),
+        gc: o.gc.map_or(0, |g| g.addr(interp.runtime, main_interp)),
         frame_off: o.thread.current_frame as u32,
         cframe_off: o.thread.cframe_current_frame.map_or(NO_CFRAME, |c| c as u32),
         previous_off: o.frame.previous as u32,

@@ -5,11 +5,10 @@
 //! neither building nor installing pyprof needs a C toolchain or libbpf.
 
 use std::os::fd::OwnedFd;
-use std::time::Duration;
 
 use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::PerfEvent;
-use aya::programs::perf_event::{PerfEventScope, PerfTypeId, SamplePolicy, perf_sw_ids};
+use aya::programs::perf_event::{PerfEventLinkId, PerfEventScope, PerfTypeId, SamplePolicy, perf_sw_ids};
 use aya::{Ebpf, EbpfLoader};
 
 use super::record::TargetConfig;
@@ -38,16 +37,10 @@ fn refused(what: &str, e: impl std::fmt::Display) -> Refused {
     Refused { why: format!("{what}: {text}{hint}") }
 }
 
-/// What the program has cost so far, from the kernel's BPF statistics.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct ProgramCost {
-    /// Runs of the program (every tick of every CPU, target or not).
-    pub runs: u64,
-    pub run_time: Duration,
-    /// Ticks that hit a target thread, and records lost to a full ring.
-    pub hits: u64,
-    pub lost: u64,
-}
+pub use crate::counts::ProgramCost;
+
+/// The fastest its perf events fire: a period of 10 µs.
+pub const MAX_RATE_HZ: f64 = 100_000.0;
 
 pub struct KernelSampler {
     // Dropping `bpf` detaches every event and frees the maps.
@@ -56,8 +49,26 @@ pub struct KernelSampler {
     threads: HashMap<MapData, u32, u64>,
     counts: PerCpuArray<MapData, u64>,
     ring: RingBuf<MapData>,
+    /// One perf event per online CPU: (cpu, its link).
+    links: Vec<(u32, PerfEventLinkId)>,
+    rate_hz: f64,
     /// Keeps `kernel.bpf_stats_enabled` on while we run (None: refused).
     _stats: Option<OwnedFd>,
+}
+
+fn period_ns(rate_hz: f64) -> u64 {
+    ((1e9 / rate_hz).round() as u64).max((1e9 / MAX_RATE_HZ) as u64)
+}
+
+fn attach(prog: &mut PerfEvent, cpu: u32, rate_hz: f64) -> Result<PerfEventLinkId, Refused> {
+    prog.attach(
+        PerfTypeId::Software,
+        perf_sw_ids::PERF_COUNT_SW_CPU_CLOCK as u64,
+        PerfEventScope::AllProcessesOneCpu { cpu },
+        SamplePolicy::Period(period_ns(rate_hz)),
+        false,
+    )
+    .map_err(|e| refused(&format!("perf event on CPU {cpu}"), e))
 }
 
 impl KernelSampler {
@@ -76,24 +87,42 @@ impl KernelSampler {
             .try_into()
             .map_err(|e| refused("BPF program type", e))?;
         prog.load().map_err(|e| refused("the kernel refused the BPF program", e))?;
-        let period = ((1e9 / rate_hz).round() as u64).max(10_000);
         let cpus = aya::util::online_cpus().map_err(|(what, e)| refused(what, e))?;
+        let mut links = Vec::new();
         for cpu in cpus {
-            prog.attach(
-                PerfTypeId::Software,
-                perf_sw_ids::PERF_COUNT_SW_CPU_CLOCK as u64,
-                PerfEventScope::AllProcessesOneCpu { cpu },
-                SamplePolicy::Period(period),
-                false,
-            )
-            .map_err(|e| refused(&format!("perf event on CPU {cpu}"), e))?;
+            links.push((cpu, attach(prog, cpu, rate_hz)?));
         }
         let take = |bpf: &mut Ebpf, name: &str| bpf.take_map(name).ok_or_else(|| Refused { why: format!("BPF object has no map {name}") });
         let targets = HashMap::try_from(take(&mut bpf, "TARGETS")?).map_err(|e| refused("TARGETS", e))?;
         let threads = HashMap::try_from(take(&mut bpf, "THREADS")?).map_err(|e| refused("THREADS", e))?;
         let counts = PerCpuArray::try_from(take(&mut bpf, "COUNTS")?).map_err(|e| refused("COUNTS", e))?;
         let ring = RingBuf::try_from(take(&mut bpf, "RECORDS")?).map_err(|e| refused("RECORDS", e))?;
-        Ok(KernelSampler { bpf, targets, threads, counts, ring, _stats: stats })
+        Ok(KernelSampler { bpf, targets, threads, counts, ring, links, rate_hz, _stats: stats })
+    }
+
+    pub fn rate_hz(&self) -> f64 {
+        self.rate_hz
+    }
+
+    /// Fire at `rate_hz` from now on (the agent's CPU budget lowers it).
+    /// Each CPU's event is replaced: a CPU misses at most one period.
+    pub fn set_rate(&mut self, rate_hz: f64) -> Result<(), Refused> {
+        if !(rate_hz.is_finite() && rate_hz > 0.0) || period_ns(rate_hz) == period_ns(self.rate_hz) {
+            return Ok(());
+        }
+        let prog: &mut PerfEvent = self
+            .bpf
+            .program_mut("capture")
+            .ok_or_else(|| Refused { why: "BPF object has no capture program".into() })?
+            .try_into()
+            .map_err(|e| refused("BPF program type", e))?;
+        for (cpu, link) in self.links.iter_mut() {
+            let new = attach(prog, *cpu, rate_hz)?;
+            let old = std::mem::replace(link, new);
+            let _ = prog.detach(old);
+        }
+        self.rate_hz = rate_hz;
+        Ok(())
     }
 
     pub fn set_target(&mut self, pid: u32, cfg: TargetConfig) -> crate::error::Result<()> {

@@ -53,6 +53,13 @@ impl Ticks {
         Ticks { start: crate::process::monotonic_ns(), period, last: 0, skipped_recently: VecDeque::new(), taken: 0, skipped: 0, aligned: false }
     }
 
+    /// Tick at `rate_hz` from now on: the clock starts again (and is
+    /// aligned again), the counts go on.
+    pub fn set_rate(&mut self, rate_hz: f64) {
+        let (taken, skipped) = (self.taken, self.skipped);
+        *self = Ticks { taken, skipped, ..Ticks::new(rate_hz) };
+    }
+
     /// How long until the next tick is due (zero if it is).
     pub fn until_next(&self) -> Duration {
         let next = self.start + (self.last + 1) * self.period;

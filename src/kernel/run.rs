@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::process::monotonic_ns;
 use crate::profile::model::KernelSampling;
 use crate::python::snapshot::SnapshotNeeds;
-use crate::sampler::{Mode, Progress, STOP, Sample, SamplerStats, SamplingConfig, Sink, StopReason};
+use crate::sampler::{Discover, Mode, Progress, STOP, Sample, SamplerStats, SamplingConfig, Sink, StopReason};
 use crate::session::Session;
 use crate::stack::Frame;
 
@@ -46,28 +46,91 @@ struct Proc {
     target: KernelTarget,
     command: String,
     names: HashMap<u32, Option<String>>,
-    /// Its session's index in `sessions`.
+    /// Its session's index in `sessions` (see [`reindex`]).
     session: usize,
     locked_shift: u32,
 }
 
-pub fn run(
-    k: &mut KernelSampler,
-    sessions: &mut [Session],
-    cfg: &SamplingConfig,
-    sink: &mut dyn Sink,
-    progress: &mut dyn Progress,
-) -> Result<(SamplerStats, StopReason, KernelStats), Error> {
-    let mut procs: HashMap<u32, Proc> = HashMap::new();
-    for (si, s) in sessions.iter().enumerate() {
+impl Proc {
+    /// Register session `si`'s process with the program.
+    fn new(k: &mut KernelSampler, s: &Session, si: usize) -> Result<Proc, Error> {
         let a = s.attached();
         let target = KernelTarget::new(k, a)?;
         let mut gil = Vec::new();
         crate::python::gil::gil_words(&a.interp.offsets, a.interp.runtime, &[target.converter.main_interp()], &mut gil);
         let locked_shift = gil.first().map_or(0, |g| 8 * (g.locked - g.locked_word()) as u32);
         let command = a.target.cmdline().join(" ");
-        procs.insert(a.target.pid as u32, Proc { target, command, names: HashMap::new(), session: si, locked_shift });
+        Ok(Proc { target, command, names: HashMap::new(), session: si, locked_shift })
     }
+}
+
+/// After sessions came or went: each process's index anew.
+fn reindex(procs: &mut HashMap<u32, Proc>, sessions: &[Session]) {
+    for (i, s) in sessions.iter().enumerate() {
+        if let Some(p) = procs.get_mut(&(s.pid() as u32)) {
+            p.session = i;
+        }
+    }
+}
+
+/// Sessions whose process ended (or exec'd, which `discover` attaches
+/// anew): out of the program's maps and of `sessions`.
+fn drop_ended(
+    k: &mut KernelSampler,
+    procs: &mut HashMap<u32, Proc>,
+    sessions: &mut Vec<Session>,
+    stats: &mut SamplerStats,
+    discover: &mut Option<&mut dyn Discover>,
+) {
+    let mut execd = Vec::new();
+    let before = sessions.len();
+    sessions.retain_mut(|s| {
+        let pid = s.pid();
+        let exec = s.exec_seen();
+        let alive = s.attached().target.is_alive() && !crate::process::is_exiting(pid);
+        if alive && !exec {
+            return true;
+        }
+        if exec {
+            execd.push(pid);
+        }
+        if let Some(mut p) = procs.remove(&(pid as u32)) {
+            p.target.forget(k);
+        }
+        stats.counts += s.take_counts();
+        false
+    });
+    if sessions.len() != before {
+        reindex(procs, sessions);
+    }
+    if let Some(d) = discover.as_deref_mut() {
+        execd.into_iter().for_each(|pid| d.execd(pid));
+    }
+}
+
+/// Runs the kernel sampler over `sessions` until the end the config or
+/// the targets set; with `discover` (the agent), targets come and go and
+/// it runs on without any. The first targets must register (an error
+/// here is the recording's); one found later that cannot is dropped and
+/// counted.
+pub fn run(
+    k: &mut KernelSampler,
+    sessions: &mut Vec<Session>,
+    cfg: &SamplingConfig,
+    sink: &mut dyn Sink,
+    progress: &mut dyn Progress,
+    mut discover: Option<&mut dyn Discover>,
+) -> Result<(SamplerStats, StopReason, KernelStats), Error> {
+    let mut procs: HashMap<u32, Proc> = HashMap::new();
+    for (si, s) in sessions.iter().enumerate() {
+        procs.insert(s.pid() as u32, Proc::new(k, s, si)?);
+    }
+    let mut rate_hz = k.rate_hz();
+    // Periods of the rate so far, for `discover`'s tick count (the agent
+    // weighs its samples by the rate ticks came at).
+    let mut periods = 0.0f64;
+    let mut periods_told = 0u64;
+    let mut last_loop = Instant::now();
     // `--mode wall`: the threads on no CPU are read from user space at
     // ticks of ours (`off_cpu`); the perf events sample the others.
     let mut ticks = (cfg.mode == Mode::Wall).then(|| Ticks::new(cfg.rate_hz));
@@ -83,12 +146,24 @@ pub fn run(
     let torn = Frame::python(crate::sampler::TORN, "", 0);
     let start = Instant::now();
     let mut stats = SamplerStats::default();
+    crate::sampler::note_gc_frames(sessions, &mut stats);
     let mut ks = KernelStats::default();
     let mut per_thread: HashMap<u32, u64> = HashMap::new();
+    // Not under `discover`: over a host's processes coming and going, one
+    // entry per thread ever seen would grow without bound.
+    let count_threads = discover.is_none();
     let mut frames: Vec<Frame> = Vec::new();
     let mut last_progress = Duration::ZERO;
     let mut last_alive = Instant::now();
     let reason = loop {
+        if let Some(hz) = cfg.rate_control.as_ref().map(|r| f64::from_bits(r.load(Ordering::Relaxed))) {
+            if hz != rate_hz && hz > 0.0 && hz.is_finite() && k.set_rate(hz).is_ok() {
+                rate_hz = hz;
+                if let Some(t) = ticks.as_mut() {
+                    t.set_rate(hz);
+                }
+            }
+        }
         match &ticks {
             // Wall mode wakes at its ticks only: woken by each record as
             // well, pyprof ran just after each firing and, with no CPU to
@@ -101,44 +176,52 @@ pub fn run(
             // The program wakes no one (an irq_work per record: a
             // self-interrupt on the sampled thread's CPU, each a VM exit
             // here); the records wait in the ring for a drain.
-            None => std::thread::sleep(drain_period(cfg.rate_hz)),
+            None => std::thread::sleep(drain_period(rate_hz)),
         }
+        let now = Instant::now();
+        periods += (now - last_loop).as_secs_f64() * rate_hz;
+        last_loop = now;
         // The tick first: the records drained after it know whether the
         // tick of their period was skipped.
         if let Some((t, at)) = ticks.as_mut().and_then(|t| t.take_due().map(|at| (t, at))) {
             for p in procs.values_mut() {
                 let Some(off) = off_cpu::proven_off(&p.target, at) else { continue };
                 let (pid, command, names) = (p.target.pid, &p.command, &mut p.names);
+                let gc_frames = sessions[p.session].gc_frames();
+                let gc_samples = &mut stats.gc_samples;
                 let read = off_cpu::read(&mut sessions[p.session], &off, wall_needs, &mut |o| {
-                    let (t, frames) = match o {
-                        OffCpu::Stack(t) => (t, &t.frames[..]),
+                    // `<GC>` is on a stack that stands (the session put it
+                    // there), never on a torn one.
+                    let (t, frames, in_gc) = match o {
+                        OffCpu::Stack(t) => (t, &t.frames[..], t.in_gc && gc_frames),
                         OffCpu::Moved(t) => {
                             ks.counts.off_cpu_moved += 1;
-                            (t, std::slice::from_ref(&torn))
+                            (t, std::slice::from_ref(&torn), false)
                         }
                     };
                     if frames.is_empty() && !cfg.include_empty {
                         return;
                     }
                     ks.counts.off_cpu += 1;
+                    if in_gc {
+                        *gc_samples.get_or_insert(0) += 1;
+                    }
                     let tid = t.native_id.unwrap_or(0) as u32;
                     let name = names.entry(tid).or_insert_with(|| t.name.clone());
-                    *per_thread.entry(tid).or_insert(0) += 1;
+                    if count_threads {
+                        *per_thread.entry(tid).or_insert(0) += 1;
+                    }
                     stats.samples += 1;
-                    sink.add(&Sample {
-                        pid,
-                        command,
-                        native_id: t.native_id,
-                        name: name.as_deref(),
-                        frames,
-                        holds_gil: t.holds_gil,
-                        on_cpu: false,
-                        in_gc: false,
-                    });
+                    sink.add(&Sample { pid, command, native_id: t.native_id, name: name.as_deref(), frames, holds_gil: t.holds_gil, on_cpu: false, in_gc });
                 });
                 match read {
                     Ok(c) => stats.counts += c,
-                    Err(e) => *stats.errors.entry(format!("off-CPU read: {e}")).or_insert(0) += 1,
+                    // Its end, found by the read before the liveness check
+                    // below: not a lost sample (the ptrace sampler's rule).
+                    Err(e) if e.is_process_gone() || crate::process::is_exiting(pid) => {}
+                    // By kind, as the ptrace sampler counts (the agent's
+                    // metrics label by it: a message would be a new series).
+                    Err(e) => *stats.errors.entry(crate::sampler::error_kind(&e).into()).or_insert(0) += 1,
                 }
             }
             ks.counts.wall_ticks = t.taken;
@@ -185,16 +268,25 @@ pub fn run(
                     frames.clear();
                     frames.push(Frame::python(crate::sampler::TORN, "", 0));
                 }
-                Err(_) => {
-                    *stats.errors.entry("kernel record unreadable".into()).or_insert(0) += 1;
+                Err(e) => {
+                    *stats.errors.entry(crate::sampler::error_kind(&e).into()).or_insert(0) += 1;
                     return;
                 }
+            }
+            // As the ptrace sampler: the holder's flag, read at the instant,
+            // and `<GC>` on top.
+            let gc_frame = sessions[p.session].gc_frame().filter(|_| gil && h.gc as u32 != 0);
+            if let Some(f) = gc_frame {
+                frames.insert(0, f.clone());
+                *stats.gc_samples.get_or_insert(0) += 1;
             }
             if frames.is_empty() && !cfg.include_empty {
                 return;
             }
             let name = p.names.entry(h.tid).or_insert_with(|| crate::process::task_comm(h.pid as i32, h.tid as i32));
-            *per_thread.entry(h.tid).or_insert(0) += 1;
+            if count_threads {
+                *per_thread.entry(h.tid).or_insert(0) += 1;
+            }
             stats.samples += 1;
             sink.add(&Sample {
                 pid: h.pid as i32,
@@ -204,7 +296,7 @@ pub fn run(
                 frames: &frames,
                 holds_gil: gil,
                 on_cpu: true,
-                in_gc: false,
+                in_gc: gc_frame.is_some(),
             });
         });
         for p in procs.values_mut() {
@@ -222,21 +314,42 @@ pub fn run(
         }
         if last_alive.elapsed() >= Duration::from_millis(50) {
             last_alive = Instant::now();
-            procs.retain(|_, p| {
-                let alive = sessions[p.session].attached().target.is_alive() && !crate::process::is_exiting(p.target.pid);
-                if !alive {
-                    p.target.forget(k);
-                }
-                alive
-            });
-            if procs.is_empty() {
+            drop_ended(k, &mut procs, sessions, &mut stats, &mut discover);
+            if procs.is_empty() && !cfg.run_without_targets {
                 break StopReason::TargetExited;
+            }
+        }
+        if let Some(d) = discover.as_deref_mut() {
+            let told = periods as u64;
+            d.ticked(told - periods_told);
+            periods_told = told;
+            let before = sessions.len();
+            d.poll(sessions);
+            let mut i = before;
+            while i < sessions.len() {
+                match Proc::new(k, &sessions[i], i) {
+                    Ok(p) => {
+                        procs.insert(sessions[i].pid() as u32, p);
+                        i += 1;
+                    }
+                    Err(e) => {
+                        *stats.errors.entry(crate::sampler::error_kind(&e).into()).or_insert(0) += 1;
+                        sessions.remove(i);
+                    }
+                }
+            }
+            if sessions.len() > before {
+                crate::sampler::note_gc_frames(sessions, &mut stats);
             }
         }
         if elapsed.saturating_sub(last_progress) >= Duration::from_millis(100) {
             last_progress = elapsed;
             stats.elapsed = elapsed;
-            stats.ticks = per_thread.values().copied().max().unwrap_or(0);
+            stats.ticks = ticks_so_far(&per_thread, discover.is_some(), periods_told);
+            if !count_threads {
+                // The agent's metrics show what the program costs as it runs.
+                stats.kernel_program = Some(k.cost());
+            }
             progress.update(&stats, per_thread.len());
             sink.flush(&stats, per_thread.len());
         }
@@ -250,11 +363,18 @@ pub fn run(
     ks.counts.program_ns = ks.program.run_time.as_nanos() as u64;
     ks.counts.program_runs = ks.program.runs;
     stats.elapsed = start.elapsed();
-    stats.ticks = per_thread.values().copied().max().unwrap_or(0);
+    stats.ticks = ticks_so_far(&per_thread, discover.is_some(), periods_told);
     for s in sessions.iter_mut() {
         stats.counts += s.take_counts();
     }
     Ok((stats, reason, ks))
+}
+
+/// A recording's ticks: the samples of its most sampled thread (one a
+/// period while it ran). Under `discover` (the agent, whose targets come
+/// and go): the periods of the rate passed, as its metrics count ticks.
+fn ticks_so_far(per_thread: &HashMap<u32, u64>, discovering: bool, periods: u64) -> u64 {
+    if discovering { periods } else { per_thread.values().copied().max().unwrap_or(0) }
 }
 
 impl KernelStats {

@@ -45,10 +45,10 @@ pub struct RecordConfig {
 }
 
 impl RecordConfig {
-    /// The kernel sampler if `--sampler` and the kernel allow it (one line
-    /// on stderr unless `quiet` when asked for and refused), and the
-    /// session options that go with the choice.
-    pub fn choose_sampler(&self, quiet: bool) -> (Option<KernelSampler>, SessionOptions) {
+    /// The kernel sampler if `--sampler` and the kernel allow it, the
+    /// session options that go with the choice, and the line to say once
+    /// the target is attached when it was asked for and refused.
+    pub fn choose_sampler(&self) -> (Option<KernelSampler>, SessionOptions, Option<String>) {
         let wanted = Wanted {
             mode: self.sampling.mode,
             rate_hz: self.sampling.rate_hz,
@@ -57,14 +57,14 @@ impl RecordConfig {
             subprocesses: self.subprocesses,
             thread_filter: !self.attach.threads.is_all(),
         };
-        let kernel = choose(self.sampler, &wanted, quiet);
+        let (kernel, note) = choose(self.sampler, &wanted);
         // Under the kernel sampler nothing is stopped: wall mode's user-space
         // half reads threads proven off CPU, lock-free.
         let attach = match kernel {
             Some(_) => SessionOptions { sampling: crate::session::Sampling::Nonblocking, ..self.attach.clone() },
             None => self.attach.clone(),
         };
-        (kernel, attach)
+        (kernel, attach, note)
     }
 }
 
@@ -73,7 +73,7 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
     let pending = PendingOutput::create(&cfg.output)?;
     let also = output::also_write()?;
     sampler::install_signal_handlers();
-    let (mut kernel, attach) = cfg.choose_sampler(cfg.quiet);
+    let (mut kernel, attach, note) = cfg.choose_sampler();
     let (mut child, first) = match &cfg.target {
         RecordTarget::Pid(pid) => (None, Session::attach(*pid, &attach)?),
         RecordTarget::Launch(argv) => {
@@ -81,6 +81,9 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
             (Some(c), s)
         }
     };
+    if let Some(n) = note.filter(|_| !cfg.quiet) {
+        eprintln!("pyprof: {n}");
+    }
     let about = summary::Target::of(&first);
     // Held from the start: after the target exits its /proc path is gone.
     let sources = crate::output::heatmap::SourceRoot::of_process(first.pid());
@@ -98,7 +101,7 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
     };
     let (stats, reason, kernel_stats) = match kernel.as_mut() {
         Some(k) => {
-            let (s, r, ks) = crate::kernel::run::run(k, &mut sessions, &cfg.sampling, &mut agg, progress)?;
+            let (s, r, ks) = crate::kernel::run::run(k, &mut sessions, &cfg.sampling, &mut agg, progress, None)?;
             (s, r, Some(ks))
         }
         None => {

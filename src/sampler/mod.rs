@@ -106,6 +106,8 @@ pub struct SamplerStats {
     pub gc_samples: Option<u64>,
     /// `--mode cpu`: how thread states were learned.
     pub run_states: Option<crate::process::run_states::RunStatesSummary>,
+    /// The kernel sampler's program so far (kept up to date for the agent).
+    pub kernel_program: Option<crate::counts::ProgramCost>,
 }
 
 impl SamplerStats {
@@ -154,7 +156,8 @@ pub fn install_signal_handlers() {
     }
 }
 
-fn error_kind(e: &Error) -> &'static str {
+/// A lost snapshot's kind, as `meta.errors` and the agent's metrics count it.
+pub(crate) fn error_kind(e: &Error) -> &'static str {
     match e {
         Error::Read { .. } => "read",
         Error::Torn(_) => "torn",
@@ -227,12 +230,16 @@ impl Sink for Aggregator {
 pub trait Discover {
     fn poll(&mut self, sessions: &mut Vec<Session>);
 
+    /// `n` more ticks were taken (the kernel sampler: periods of the rate
+    /// passed), told before each [`Discover::poll`].
+    fn ticked(&mut self, _n: u64) {}
+
     /// Session `pid` was dropped because the process exec'd: attach it anew.
     fn execd(&mut self, _pid: i32) {}
 }
 
 /// A GC share of 0 is a finding only where `<GC>` frames are added at all.
-fn note_gc_frames(sessions: &[Session], stats: &mut SamplerStats) {
+pub(crate) fn note_gc_frames(sessions: &[Session], stats: &mut SamplerStats) {
     if sessions.iter().any(Session::gc_frames) {
         stats.gc_samples.get_or_insert(0);
     }
@@ -415,6 +422,7 @@ pub fn run(
             break StopReason::TargetExited;
         }
         if let Some(d) = discover.as_deref_mut() {
+            d.ticked(1);
             let before = sessions.len();
             d.poll(sessions);
             for s in &sessions[before..] {

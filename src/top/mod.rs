@@ -58,7 +58,7 @@ pub fn run(cfg: &TopConfig) -> anyhow::Result<i32> {
     sampler::install_signal_handlers();
     let live = std::io::IsTerminal::is_terminal(&std::io::stdout());
     // Said before the view takes the terminal; the header names the sampler too.
-    let (mut kernel, attach) = rc.choose_sampler(false);
+    let (mut kernel, attach, note) = rc.choose_sampler();
     let (mut child, first) = match &rc.target {
         RecordTarget::Pid(pid) => (None, Session::attach(*pid, &attach)?),
         // Its output would draw over the view: it goes nowhere while the view runs.
@@ -67,6 +67,9 @@ pub fn run(cfg: &TopConfig) -> anyhow::Result<i32> {
             (Some(c), s)
         }
     };
+    if let Some(n) = note {
+        eprintln!("pyprof: {n}");
+    }
     let target = summary::Target::of(&first);
     // Held from the start, as record does: a heat map reads the target's own files.
     let sources = crate::output::heatmap::SourceRoot::of_process(first.pid());
@@ -95,7 +98,7 @@ pub fn run(cfg: &TopConfig) -> anyhow::Result<i32> {
         let mut sessions = vec![first];
         let mut feed = feed::Feed::new(tx, full);
         let (stats, reason, kernel_stats) = match kernel.as_mut() {
-            Some(k) => match crate::kernel::run::run(k, &mut sessions, &sampling, &mut feed, &mut sampler::NoProgress) {
+            Some(k) => match crate::kernel::run::run(k, &mut sessions, &sampling, &mut feed, &mut sampler::NoProgress, None) {
                 Ok((s, r, ks)) => (s, r, Ok(Some(ks))),
                 // Ends the view at once; reported once it is gone.
                 Err(e) => (sampler::SamplerStats::default(), sampler::StopReason::TargetExited, Err(e)),

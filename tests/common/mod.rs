@@ -40,6 +40,21 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
+/// Whether the kernel sampler ran a recording that asked for it
+/// (`meta.sampling.method`), not the ptrace fallback: skipped on a machine
+/// that refuses BPF, a failure in CI (root on a kernel that allows it).
+#[allow(dead_code)]
+pub fn kernel_ran(method: &str, stderr: &str, label: &str) -> bool {
+    if method == "kernel" {
+        assert!(!stderr.contains("kernel sampler not used"), "[{label}] ran and also said it did not: {stderr}");
+        return true;
+    }
+    let msg = format!("[{label}] the kernel sampler did not run: {stderr}");
+    assert!(!in_ci(), "{msg}");
+    skipped(&msg);
+    false
+}
+
 #[derive(Debug, Clone)]
 pub struct Interpreter {
     /// e.g. "pyenv-3.9", "debian-static-3.11", "sid-3.15"

@@ -96,6 +96,7 @@ int capture(void *ctx)
 	h->gil_locked = 0;
 	h->gil_holder = 0;
 	h->counter = 0;
+	h->gc = 0;
 	__u32 fb = t->frame_bytes & (MAX_FRAME_BYTES - 8);
 	__u32 prev = t->previous_off & (MAX_FRAME_BYTES - 8);
 	h->frame_bytes = fb;
@@ -131,10 +132,13 @@ int capture(void *ctx)
 		h->nframes = i + 1;
 	}
 words:
-	// After the frames: the GIL's words and the code-object counter, read
-	// last (see kernel::record for why the counter's order matters).
+	// After the frames: the GIL's words, the collector's flag (only the
+	// GIL holder changes it: for this thread, set at this instant or not)
+	// and the code-object counter, read last (see kernel::record for why
+	// the counter's order matters).
 	h->gil_locked = word(t->gil_locked, &h->flags, FLAG_WORD_FAULT);
 	h->gil_holder = word(t->gil_holder, &h->flags, FLAG_WORD_FAULT);
+	h->gc = word(t->gc, &h->flags, FLAG_WORD_FAULT);
 	h->counter = word(t->counter, &h->flags, FLAG_WORD_FAULT);
 send:;
 	__u64 len = sizeof(struct header) + (__u64)h->nframes * fb;
