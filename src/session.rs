@@ -241,6 +241,12 @@ impl Session {
         self.gc_frame.is_some()
     }
 
+    /// Walk only the threads `filter` selects from the next snapshot on
+    /// (the kernel sampler's wall mode: those whose stacks may have moved).
+    pub fn select_threads(&mut self, filter: crate::thread_filter::ThreadFilter) {
+        self.python.select(filter);
+    }
+
     /// The `<GC>` frame put on top of a collecting thread's stack, if on.
     pub fn gc_frame(&self) -> Option<&Frame> {
         self.gc_frame.as_ref()

@@ -117,6 +117,9 @@ fn wall_mode_samples_every_thread_once_a_tick_from_either_half() {
         let (spin, sleep, wait) = (of("spinning_main"), of("sleeping_thread"), of("waiting_thread"));
         let label = format!("[{}] spinning/sleeping/waiting {spin}/{sleep}/{wait} samples over {} ticks; {k:?}", py.label, k.wall_ticks);
         assert!(k.wall_ticks >= 500 && k.records > 0 && k.off_cpu > 0, "{label}");
+        // The sleeping and the waiting thread never run: once read, their
+        // stacks are carried over unread, proven unchanged.
+        assert!(k.off_cpu_carried * 2 >= sleep + wait, "{label}: the threads that never ran were read afresh at most ticks");
         for n in [spin, sleep, wait] {
             let ratio = n as f64 / k.wall_ticks as f64;
             assert!((0.85..=1.15).contains(&ratio), "{label}: a thread off one sample a tick by {:+.0} %", (ratio - 1.0) * 100.0);

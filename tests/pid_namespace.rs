@@ -84,5 +84,15 @@ fn threads_of_a_target_in_a_pid_namespace_are_the_hosts() {
         let (p, stderr) = record(pid, &["--sampler", "kernel", "--mode", "cpu"], "ns-kernel");
         let k = p.meta.sampling.kernel.as_ref().unwrap_or_else(|| panic!("{label}: the kernel sampler did not run: {stderr}"));
         assert!(p.meta.samples > 0 && k.unknown_thread * 10 <= k.records, "{label}: {} samples, {k:?}", p.meta.samples);
+
+        // Wall mode: the threads on no CPU, read from user space, are
+        // matched to the context-switch records by their host ids too (they
+        // were mapped to host ids twice, and none was sampled off CPU).
+        let (p, stderr) = record(pid, &["--sampler", "kernel", "--mode", "wall"], "ns-kernel-wall");
+        let k = p.meta.sampling.kernel.as_ref().unwrap_or_else(|| panic!("{label}: the kernel sampler did not run: {stderr}"));
+        assert!(k.off_cpu > 0, "{label}: no thread sampled off CPU: {k:?}");
+        for t in &p.threads {
+            assert!(t.native_id.is_some_and(|id| tids.contains(&id)), "{label}: profile thread {t:?}");
+        }
     });
 }

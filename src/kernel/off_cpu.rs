@@ -26,6 +26,7 @@ use crate::error::Result;
 use crate::python::snapshot::SnapshotNeeds;
 use crate::session::Session;
 use crate::stack::ThreadStack;
+use crate::thread_filter::ThreadFilter;
 
 use super::target::KernelTarget;
 
@@ -130,20 +131,71 @@ pub enum OffCpu<'a> {
 }
 
 /// The threads of `target` on no CPU at `at` (CLOCK_MONOTONIC ns, the
-/// tick's instant) and since: (host tid, switch-ins so far). None when
-/// the kernel refuses CPU-wide context-switch events.
-pub fn proven_off(target: &KernelTarget, at: u64) -> Option<Vec<(u32, u32)>> {
+/// tick's instant) and since: (host tid, switch-ins so far), and the
+/// generation those counts belong to. None when the kernel refuses
+/// CPU-wide context-switch events.
+pub fn proven_off(target: &KernelTarget, at: u64) -> Option<Proven> {
     crate::process::occupancy::with(|o| {
         o.poll();
-        target.tids().filter_map(|tid| o.off_cpu_since(tid as i32, at).map(|ins| (tid, ins))).collect()
+        Proven { generation: o.generation(), off: target.tids().filter_map(|tid| o.off_cpu_since(tid as i32, at).map(|ins| (tid, ins))).collect() }
     })
 }
 
-/// Read `session`'s threads without stopping any, and hand `emit` each of
-/// `off` (proven off CPU before the read) as an exact stack or a moved one.
-/// Threads not in `off` are the perf events' to sample. Returns how the
-/// read went (one lock-free snapshot).
-pub fn read(session: &mut Session, off: &[(u32, u32)], needs: SnapshotNeeds, emit: &mut dyn FnMut(OffCpu)) -> Result<Counters> {
+/// What [`proven_off`] proved at one tick.
+pub struct Proven {
+    generation: u64,
+    /// (host tid, switch-ins so far).
+    pub off: Vec<(u32, u32)>,
+}
+
+/// The stacks of threads read on no CPU, kept while they stay there. A
+/// thread with the switch-in count it had when read (in the same
+/// generation of the counts) has not run since, and only a thread changes
+/// its own frames: its stack is the one read then, and is not read again.
+/// The ptrace sampler carries stacks over on the GIL's words
+/// (`python::quiet`); here the context-switch records prove it thread by
+/// thread. Read afresh at every tick, 500 threads cost 12 times a
+/// one-thread target per tick and the user half skipped 14 % of its ticks.
+/// A thread must run to exit, so an exited one is read again (and found
+/// gone) rather than carried.
+#[derive(Default)]
+pub struct Carry {
+    generation: u64,
+    /// Host tid → (switch-ins when read, its stack then).
+    stacks: HashMap<u32, (u32, ThreadStack)>,
+}
+
+/// Hand `emit` each thread of `proven` (proven off CPU before the read) as
+/// an exact stack or a moved one: carried over (see [`Carry`]) or read now
+/// from `session` without stopping any thread, only those that may have
+/// moved. Threads not proven off are the perf events' to sample. Returns
+/// how the read went (one lock-free snapshot, or none when all carry).
+pub fn read(session: &mut Session, proven: &Proven, needs: SnapshotNeeds, carry: &mut Carry, emit: &mut dyn FnMut(OffCpu)) -> Result<Counters> {
+    if carry.generation != proven.generation {
+        carry.stacks.clear();
+        carry.generation = proven.generation;
+    }
+    let off = &proven.off;
+    // By tid, not a search of `off` per thread: 500 threads made it 250,000 compares a tick.
+    let index: HashMap<u64, usize> = off.iter().enumerate().map(|(i, &(tid, _))| (u64::from(tid), i)).collect();
+    carry.stacks.retain(|tid, _| index.contains_key(&u64::from(*tid)));
+    let fresh: Vec<u64> = off.iter().filter(|(tid, ins)| carry.stacks.get(tid).is_none_or(|c| c.0 != *ins)).map(|&(tid, _)| u64::from(tid)).collect();
+    let mut counts = Counters::default();
+    // The carried ones first: those read below are not in `stacks` yet.
+    for &(tid, ins) in off {
+        if let Some((_, t)) = carry.stacks.get(&tid).filter(|c| c.0 == ins) {
+            counts.carried += 1;
+            emit(OffCpu::Stack(t));
+        }
+    }
+    counts.carried_ticks = u64::from(counts.carried > 0);
+    if fresh.is_empty() {
+        return Ok(counts);
+    }
+    for tid in &fresh {
+        carry.stacks.remove(&(*tid as u32));
+    }
+    session.select_threads(ThreadFilter { tids: fresh, ..ThreadFilter::default() });
     let taken = session.snapshot_alone(needs)?;
     let end = crate::process::monotonic_ns();
     let ran: Vec<bool> = crate::process::occupancy::with(|o| {
@@ -151,16 +203,19 @@ pub fn read(session: &mut Session, off: &[(u32, u32)], needs: SnapshotNeeds, emi
         off.iter().map(|&(tid, ins)| o.ran_before(tid as i32, ins, end)).collect()
     })
     .unwrap_or_else(|| vec![true; off.len()]);
-    // By tid, not a search of `off` per thread: 500 threads made it 250,000 compares a tick.
-    let index: HashMap<u64, usize> = off.iter().enumerate().map(|(i, &(tid, _))| (u64::from(tid), i)).collect();
-    let target = &session.attached().target;
+    // A thread's `native_id` is the host's (as the snapshot gives it).
     for t in &taken.threads {
-        let Some(host) = t.native_id.and_then(|n| target.host_tid(n)) else { continue };
-        let Some(&i) = index.get(&host) else { continue };
-        emit(if ran[i] || t.torn { OffCpu::Moved(t) } else { OffCpu::Stack(t) });
+        let Some(&i) = t.native_id.and_then(|host| index.get(&host)) else { continue };
+        if ran[i] || t.torn {
+            emit(OffCpu::Moved(t));
+        } else {
+            carry.stacks.insert(off[i].0, (off[i].1, t.clone()));
+            emit(OffCpu::Stack(t));
+        }
     }
     session.recycle(taken.threads);
-    Ok(taken.counts)
+    counts += taken.counts;
+    Ok(counts)
 }
 
 #[cfg(test)]

@@ -49,6 +49,8 @@ struct Proc {
     /// Its session's index in `sessions` (see [`reindex`]).
     session: usize,
     locked_shift: u32,
+    /// Wall mode: stacks of threads still on no CPU since they were read.
+    carry: off_cpu::Carry,
 }
 
 impl Proc {
@@ -60,7 +62,7 @@ impl Proc {
         crate::python::gil::gil_words(&a.interp.offsets, a.interp.runtime, &[target.converter.main_interp()], &mut gil);
         let locked_shift = gil.first().map_or(0, |g| 8 * (g.locked - g.locked_word()) as u32);
         let command = a.target.cmdline().join(" ");
-        Ok(Proc { target, command, names: HashMap::new(), session: si, locked_shift })
+        Ok(Proc { target, command, names: HashMap::new(), session: si, locked_shift, carry: off_cpu::Carry::default() })
     }
 }
 
@@ -186,10 +188,10 @@ pub fn run(
         if let Some((t, at)) = ticks.as_mut().and_then(|t| t.take_due().map(|at| (t, at))) {
             for p in procs.values_mut() {
                 let Some(off) = off_cpu::proven_off(&p.target, at) else { continue };
-                let (pid, command, names) = (p.target.pid, &p.command, &mut p.names);
+                let (pid, command, names, carry) = (p.target.pid, &p.command, &mut p.names, &mut p.carry);
                 let gc_frames = sessions[p.session].gc_frames();
                 let gc_samples = &mut stats.gc_samples;
-                let read = off_cpu::read(&mut sessions[p.session], &off, wall_needs, &mut |o| {
+                let read = off_cpu::read(&mut sessions[p.session], &off, wall_needs, carry, &mut |o| {
                     // `<GC>` is on a stack that stands (the session put it
                     // there), never on a torn one.
                     let (t, frames, in_gc) = match o {
@@ -359,6 +361,7 @@ pub fn run(
         p.target.forget(k);
     }
     ks.program = k.cost();
+    ks.counts.off_cpu_carried = stats.counts.carried;
     ks.counts.lost = ks.program.lost;
     ks.counts.program_ns = ks.program.run_time.as_nanos() as u64;
     ks.counts.program_runs = ks.program.runs;
@@ -397,8 +400,8 @@ impl KernelStats {
             c.lost,
         ) + &if c.wall_ticks > 0 {
             format!(
-                "; wall mode: {} ticks ({} skipped, late, with the {} records in them), {} stacks of threads on no CPU read from user space ({} moved while read)",
-                c.wall_ticks, c.wall_ticks_skipped, c.in_skipped_ticks, c.off_cpu, c.off_cpu_moved
+                "; wall mode: {} ticks ({} skipped, late, with the {} records in them), {} stacks of threads on no CPU from user space ({} carried over unchanged, {} moved while read)",
+                c.wall_ticks, c.wall_ticks_skipped, c.in_skipped_ticks, c.off_cpu, c.off_cpu_carried, c.off_cpu_moved
             )
         } else {
             String::new()

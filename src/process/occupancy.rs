@@ -48,6 +48,9 @@ pub struct Occupancy {
     /// record is a switch-out, and its switch-ins so far.
     threads: HashMap<i32, Seen>,
     scratch: Vec<u8>,
+    /// Bumped whenever `threads` is forgotten: switch-in counts of
+    /// different generations are not comparable.
+    generation: u64,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -102,19 +105,20 @@ impl Occupancy {
             rings.push(Ring::map(open_event(-1, cpu).ok()?).ok()?);
         }
         let current = vec![None; rings.len()];
-        Some(Occupancy { rings, current, threads: HashMap::default(), scratch: Vec::new() })
+        Some(Occupancy { rings, current, threads: HashMap::default(), scratch: Vec::new(), generation: 0 })
     }
 
     /// Take in the switches recorded since the last poll (memory only).
     pub fn poll(&mut self) {
         for i in 0..self.rings.len() {
-            let (threads, current, scratch) = (&mut self.threads, &mut self.current[i], &mut self.scratch);
+            let (threads, current, scratch, generation) = (&mut self.threads, &mut self.current[i], &mut self.scratch, &mut self.generation);
             let mut lost = false;
             let whole = self.rings[i].take_new(scratch, |rec| match parse(rec) {
                 Some(Record::Switch { tid, out, other, time, .. }) => {
                     *current = if out { other } else { Some(tid) };
                     if threads.len() >= MAX_THREADS && !threads.contains_key(&tid) {
                         threads.clear();
+                        *generation += 1;
                     }
                     let seen = threads.entry(tid).or_default();
                     if time >= seen.time {
@@ -136,6 +140,7 @@ impl Occupancy {
                 // whether a thread switched in, is no longer known.
                 self.current[i] = None;
                 self.threads.clear();
+                self.generation += 1;
             }
         }
     }
@@ -161,6 +166,12 @@ impl Occupancy {
             Some(s) if s.time != 0 => (s.off && s.time <= t).then_some(s.ins),
             _ => self.off_cpu(tid),
         }
+    }
+
+    /// Switch-in counts ([`Self::off_cpu`]) compare only within one
+    /// generation: a new one starts whenever the counts were forgotten.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Whether `tid`, proven off CPU with `ins` switch-ins, may have run

@@ -191,6 +191,10 @@ pub struct KernelSampling {
     pub off_cpu: u64,
     #[serde(default)]
     pub off_cpu_moved: u64,
+    /// Of `off_cpu`, the stacks carried over unread: the thread had not
+    /// switched in since it was read (`kernel::off_cpu::Carry`).
+    #[serde(default)]
+    pub off_cpu_carried: u64,
     /// `--mode wall`: records that fell in a tick the user-space half
     /// skipped, dropped with it (see `kernel::off_cpu::Ticks`).
     #[serde(default)]
