@@ -693,6 +693,23 @@ mod tests {
         std::thread::available_parallelism().map_or(1, |n| n.get()) - 1
     }
 
+    /// A Python process whose second thread sleeps 30 s; its main thread
+    /// runs `main` (Python source), and the second thread's id.
+    fn two_threads(main: &str) -> (Busy, i32) {
+        let script = format!("import ctypes, threading, time\nthreading.Thread(target=time.sleep, args=(30,)).start()\n{main}");
+        let child = Busy(std::process::Command::new("python3").args(["-c", &script]).spawn().unwrap());
+        let pid = child.pid();
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+            if let Some(&t) = tids.iter().find(|&&t| t != pid) {
+                return (child, t);
+            }
+            assert!(Instant::now() < end, "no second thread");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// The kernel refuses to seize a thread on its way out with the EPERM
     /// it gives for a lack of rights: here a main thread that has exited
     /// while another thread runs on (a zombie until the process ends).
@@ -701,19 +718,13 @@ mod tests {
     #[test]
     fn an_exited_thread_is_skipped_not_refused() {
         // SYS_exit ends the calling thread only (exit_group, the process).
-        let script = "import ctypes, threading, time\nthreading.Thread(target=time.sleep, args=(30,)).start()\nctypes.CDLL(None).syscall(60, 0)";
-        let child = Busy(std::process::Command::new("python3").args(["-c", script]).spawn().unwrap());
+        let (child, other) = two_threads("ctypes.CDLL(None).syscall(60, 0)");
         let pid = child.pid();
         let end = Instant::now() + Duration::from_secs(10);
         while crate::process::task_state(pid, pid) != Some('Z') {
             assert!(Instant::now() < end, "the main thread did not exit");
             std::thread::sleep(Duration::from_millis(5));
         }
-        let other: i32 = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-            .find(|&t| t != pid)
-            .expect("the sleeping thread");
         let mut stopped = Stopped::none(pid, HoldPolicy::default());
         stopped.add(&[pid, other], false).expect("an exited thread refused the snapshot");
         assert!(stopped.holds(other) && !stopped.holds(pid));
@@ -728,18 +739,8 @@ mod tests {
     /// it runs on traced.
     #[test]
     fn threads_seized_before_a_refusal_are_let_go_at_once() {
-        let script = "import threading, time\nthreading.Thread(target=time.sleep, args=(30,)).start()\ntime.sleep(30)";
-        let child = Busy(std::process::Command::new("python3").args(["-c", script]).spawn().unwrap());
+        let (child, b) = two_threads("time.sleep(30)");
         let a = child.pid();
-        let end = Instant::now() + Duration::from_secs(10);
-        let b = loop {
-            let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{a}/task")).unwrap().filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
-            if let Some(&t) = tids.iter().find(|&&t| t != a) {
-                break t;
-            }
-            assert!(Instant::now() < end, "no second thread");
-            std::thread::sleep(Duration::from_millis(5));
-        };
         // Another tracer (a thread of ours) holds thread b until told to let go.
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
