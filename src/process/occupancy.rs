@@ -64,6 +64,21 @@ struct Seen {
     ins: u32,
     /// Time of the latest switch-in (CLOCK_MONOTONIC ns).
     in_time: u64,
+    /// Its exit was recorded (and no switch-in of a thread reusing its id
+    /// since). Kept, not removed: the rings are read one after another, so
+    /// an older switch-out read after the exit made a fresh entry, counts
+    /// from zero, and a thread that ran and exited seemed never to have run
+    /// (a unit test, under a loaded CI run).
+    exited: bool,
+}
+
+impl Seen {
+    /// A thread first seen in `generation`: its switch-ins count from a
+    /// base of that generation's own, so that a proof taken before the
+    /// counts were forgotten (records lost) never matches a count after.
+    fn fresh(generation: u64) -> Seen {
+        Seen { ins: (generation as u32).wrapping_shl(16), ..Seen::default() }
+    }
 }
 
 // SAFETY: the rings are owned mappings of this value only; nothing else
@@ -97,6 +112,45 @@ pub fn available() -> bool {
     with(|_| ()).is_some()
 }
 
+/// What the records say, apart from the rings they come from.
+struct State<'a> {
+    threads: &'a mut HashMap<i32, Seen>,
+    current: &'a mut [Option<i32>],
+    generation: &'a mut u64,
+}
+
+impl State<'_> {
+    /// One record of CPU `cpu`'s ring, in the order read (a lost one is
+    /// handled by the caller).
+    fn take(&mut self, cpu: usize, rec: Record) {
+        match rec {
+            Record::Switch { tid, out, other, time, .. } => {
+                self.current[cpu] = if out { other } else { Some(tid) };
+                if self.threads.len() >= MAX_THREADS && !self.threads.contains_key(&tid) {
+                    self.threads.clear();
+                    *self.generation += 1;
+                }
+                let generation = *self.generation;
+                let seen = self.threads.entry(tid).or_insert_with(|| Seen::fresh(generation));
+                if time >= seen.time {
+                    (seen.off, seen.time) = (out, time);
+                    // A new thread with the id of one that exited.
+                    seen.exited &= out;
+                }
+                seen.ins = seen.ins.wrapping_add(u32::from(!out));
+                if !out {
+                    seen.in_time = seen.in_time.max(time);
+                }
+            }
+            Record::Exit { tid, .. } => {
+                let generation = *self.generation;
+                self.threads.entry(tid).or_insert_with(|| Seen::fresh(generation)).exited = true;
+            }
+            Record::Lost { .. } => {}
+        }
+    }
+}
+
 impl Occupancy {
     /// One event per online CPU for every task there; None when refused.
     pub fn open() -> Option<Occupancy> {
@@ -111,47 +165,38 @@ impl Occupancy {
     /// Take in the switches recorded since the last poll (memory only).
     pub fn poll(&mut self) {
         for i in 0..self.rings.len() {
-            let (threads, current, scratch, generation) = (&mut self.threads, &mut self.current[i], &mut self.scratch, &mut self.generation);
             let mut lost = false;
-            let whole = self.rings[i].take_new(scratch, |rec| match parse(rec) {
-                Some(Record::Switch { tid, out, other, time, .. }) => {
-                    *current = if out { other } else { Some(tid) };
-                    if threads.len() >= MAX_THREADS && !threads.contains_key(&tid) {
-                        threads.clear();
-                        *generation += 1;
-                    }
-                    let seen = threads.entry(tid).or_default();
-                    if time >= seen.time {
-                        (seen.off, seen.time) = (out, time);
-                    }
-                    seen.ins = seen.ins.wrapping_add(u32::from(!out));
-                    if !out {
-                        seen.in_time = seen.in_time.max(time);
-                    }
-                }
-                Some(Record::Exit { tid, .. }) => {
-                    threads.remove(&tid);
-                }
+            let mut state = State { threads: &mut self.threads, current: &mut self.current, generation: &mut self.generation };
+            let whole = self.rings[i].take_new(&mut self.scratch, |rec| match parse(rec) {
                 Some(Record::Lost { .. }) => lost = true,
+                Some(r) => state.take(i, r),
                 None => {}
             });
             if lost || !whole {
-                // Switches of this CPU went missing: who runs there, and
-                // whether a thread switched in, is no longer known.
-                self.current[i] = None;
-                self.threads.clear();
-                self.generation += 1;
+                self.forget(i);
             }
         }
+    }
+
+    /// Switches of CPU `cpu` went missing: who runs there, and whether a
+    /// thread switched in, is no longer known.
+    fn forget(&mut self, cpu: usize) {
+        self.current[cpu] = None;
+        self.threads.clear();
+        self.generation += 1;
     }
 
     /// `tid` is proven on no CPU as of the last [`poll`](Self::poll): its
     /// switch-in count for [`ran_before`](Self::ran_before). None when not proven.
     pub fn off_cpu(&mut self, tid: i32) -> Option<u32> {
+        if self.threads.get(&tid).is_some_and(|s| s.exited) {
+            return None;
+        }
         let own = self.threads.get(&tid).is_some_and(|s| s.off);
         if own || self.current.iter().all(|c| c.is_some_and(|t| t != tid)) {
             // Remembered from here on, so that a switch-in counts.
-            let seen = *self.threads.entry(tid).or_default();
+            let generation = self.generation;
+            let seen = *self.threads.entry(tid).or_insert_with(|| Seen::fresh(generation));
             return Some(seen.ins);
         }
         None
@@ -179,7 +224,7 @@ impl Occupancy {
     /// in, other than once at or after `t` (`run_states::ran_only_after`),
     /// or its records are not whole.
     pub fn ran_before(&self, tid: i32, ins: u32, t: u64) -> bool {
-        self.threads.get(&tid).is_none_or(|s| s.ins != ins && !ran_only_after(s.ins, s.in_time, ins, t))
+        self.threads.get(&tid).is_none_or(|s| s.exited || (s.ins != ins && !ran_only_after(s.ins, s.in_time, ins, t)))
     }
 
     /// CPUs whose current task is known.
@@ -201,6 +246,40 @@ mod tests {
             libc::CPU_SET(cpu, &mut set);
             libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
         }
+    }
+
+    /// Proofs survive what the records can do to the counts: an exit
+    /// followed by an older switch-out read from another CPU's ring (the
+    /// entry was removed, then made afresh with a count of 0, equal to the
+    /// proof's), and records lost (the counts forgotten, then counted from
+    /// 0 again). Either way a thread that may have run was seen not to.
+    #[test]
+    fn a_proof_never_matches_counts_made_afresh() {
+        let switch = |tid, out, time| Record::Switch { pid: 1, tid, time, on_cpu: false, out, other: None };
+        let (mut threads, mut current, mut generation) = (HashMap::default(), vec![None, None], 0u64);
+        let mut s = State { threads: &mut threads, current: &mut current, generation: &mut generation };
+        s.take(0, switch(7, true, 10));
+        let proof = s.threads[&7].ins;
+        s.take(1, switch(7, false, 20));
+        s.take(1, Record::Exit { pid: 1, tid: 7 });
+        s.take(0, switch(7, true, 15));
+        let occ =
+            |threads: &HashMap<i32, Seen>| Occupancy { rings: Vec::new(), current: vec![None], threads: threads.clone(), scratch: Vec::new(), generation: 0 };
+        assert!(occ(s.threads).ran_before(7, proof, u64::MAX), "a thread that ran and exited seen not running");
+
+        // Lost records: everything known is forgotten, a new generation.
+        s.take(0, switch(8, true, 30));
+        let proof = s.threads[&8].ins;
+        s.threads.clear();
+        *s.generation += 1;
+        s.take(0, switch(8, true, 40));
+        assert!(occ(s.threads).ran_before(8, proof, u64::MAX), "a count made afresh matched a proof of before");
+        // And a thread with the id of one that exited is a thread again.
+        s.take(0, switch(7, false, 50));
+        s.take(0, switch(7, true, 60));
+        let mut o = occ(s.threads);
+        let proof = o.off_cpu(7).expect("a new thread with an old id, off CPU");
+        assert!(!o.ran_before(7, proof, u64::MAX));
     }
 
     /// A thread that blocked before the rings opened (so none of its own
