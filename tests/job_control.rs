@@ -260,7 +260,7 @@ fn a_target_under_another_tracer_gets_one_clear_line_from_every_command() {
     for args in [
         vec!["record", "--sampler", "ptrace", "--pid", &p, "-d", "1", "-o", out.to_str().unwrap()],
         vec!["top", "--sampler", "ptrace", "--pid", &p, "-d", "1"],
-        vec!["agent", "--pid", &p, "-d", "1", "--listen", "127.0.0.1:0"],
+        vec!["agent", "--sampler", "ptrace", "--pid", &p, "-d", "1", "--listen", "127.0.0.1:0"],
         vec!["dump", "--pid", &p],
     ] {
         let run = pyprof(&args);

@@ -49,7 +49,7 @@ fn sigkill_at_any_instant_leaves_the_target_running_untraced_and_right() {
     // on and interrupted instead, and none may be left.
     assert_eq!((failures, sigtrap), (0, 0), "kills that hurt the target ({sigtrap} by a stray SIGTRAP):\n{stdout}\n{stderr}");
     let rows = report["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), interps.len() * 7, "one row per interpreter and command:\n{stdout}");
+    assert_eq!(rows.len(), interps.len() * 8, "one row per interpreter and command:\n{stdout}");
     // Every command was actually killed mid-run, not left to end (a dump
     // is short: a kill drawn after its end is drawn again, 5 times at most).
     for r in rows {

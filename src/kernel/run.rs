@@ -260,6 +260,7 @@ pub fn run(
                 }
             }
             let a = sessions[p.session].attached();
+            let mut is_torn = false;
             match p.target.converter.stack(&h, &rec[HEADER_LEN..], &a.mem, &mut frames) {
                 Ok(Outcome::Stack) => {}
                 Ok(Outcome::MidPush) => ks.counts.mid_push += 1,
@@ -267,6 +268,7 @@ pub fn run(
                 // chose, whatever its stack turned out to be.
                 Ok(Outcome::Torn) => {
                     ks.counts.torn += 1;
+                    is_torn = true;
                     frames.clear();
                     frames.push(Frame::python(crate::sampler::TORN, "", 0));
                 }
@@ -277,7 +279,8 @@ pub fn run(
             }
             // As the ptrace sampler: the holder's flag, read at the instant,
             // and `<GC>` on top.
-            let gc_frame = sessions[p.session].gc_frame().filter(|_| gil && h.gc as u32 != 0);
+            // Never on a torn one, as the ptrace sampler's.
+            let gc_frame = sessions[p.session].gc_frame().filter(|_| gil && !is_torn && h.gc as u32 != 0);
             if let Some(f) = gc_frame {
                 frames.insert(0, f.clone());
                 *stats.gc_samples.get_or_insert(0) += 1;
