@@ -146,8 +146,8 @@ fn thread_started_during_the_recording_is_sampled() {
 }
 
 /// Without CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN (kept: CAP_SYS_PTRACE)
-/// the kernel refuses the program: by default (`--sampler auto`) pyprof
-/// says why once and records with the ptrace sampler. A target it cannot
+/// the kernel refuses the program: with `--sampler auto` pyprof says why
+/// once and records with the ptrace sampler. A target it cannot
 /// attach is then its one line of error, without the note.
 #[test]
 fn without_the_capabilities_it_falls_back_to_ptrace_and_says_so_once() {
@@ -162,7 +162,7 @@ fn without_the_capabilities_it_falls_back_to_ptrace_and_says_so_once() {
         cmd
     };
     let mut cmd = without_caps();
-    cmd.args(["record", "--pid", "999999999", "-d", "0.5", "-o", "/dev/null"]);
+    cmd.args(["record", "--pid", "999999999", "--sampler", "auto", "-d", "0.5", "-o", "/dev/null"]);
     let o = output_within(cmd, Duration::from_secs(60));
     let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(!o.status.success() && stderr.trim_end().lines().count() == 1 && stderr.contains("999999999"), "not one line: {stderr}");
@@ -170,7 +170,7 @@ fn without_the_capabilities_it_falls_back_to_ptrace_and_says_so_once() {
         let target = py.spawn("short_calls.py", &[]);
         let out = temp_dir("kernel-fallback").join("p.json");
         let mut cmd = without_caps();
-        cmd.args(["record", "--pid", &target.pid().to_string(), "--mode", "cpu", "-r", "500", "-d", "0.5", "-f", "json", "-o"])
+        cmd.args(["record", "--pid", &target.pid().to_string(), "--sampler", "auto", "--mode", "cpu", "-r", "500", "-d", "0.5", "-f", "json", "-o"])
             .arg(&out)
             .env_remove("PYPROF_RUNTIME_METHOD");
         let o = output_within(cmd, Duration::from_secs(60));
