@@ -350,7 +350,7 @@ pub fn run(
         if elapsed.saturating_sub(last_progress) >= Duration::from_millis(100) {
             last_progress = elapsed;
             stats.elapsed = elapsed;
-            stats.ticks = ticks_so_far(&per_thread, discover.is_some(), periods_told);
+            stats.ticks = ticks_so_far(&per_thread, !count_threads, periods_told);
             if !count_threads {
                 // The agent's metrics show what the program costs as it runs.
                 stats.kernel_program = Some(k.cost());
@@ -369,7 +369,7 @@ pub fn run(
     ks.counts.program_ns = ks.program.run_time.as_nanos() as u64;
     ks.counts.program_runs = ks.program.runs;
     stats.elapsed = start.elapsed();
-    stats.ticks = ticks_so_far(&per_thread, discover.is_some(), periods_told);
+    stats.ticks = ticks_so_far(&per_thread, !count_threads, periods_told);
     for s in sessions.iter_mut() {
         stats.counts += s.take_counts();
     }
