@@ -1,7 +1,7 @@
 //! A record's frames as [`RemoteMemory`]: the walker reads the copy the
 //! capture program made at the interrupt, never the live process (a frame
 //! the copy lacks is an error, not a later read). Code objects are not
-//! read through it: see `kernel::convert`.
+//! read through it, only their ident words: see `kernel::convert`.
 
 use std::cell::Cell;
 
@@ -15,6 +15,7 @@ pub struct Captured {
     /// (address, offset in `data`) of each frame, innermost first.
     frames: Vec<(u64, usize)>,
     data: Vec<u8>,
+    /// Bytes of each frame copied; its code's ident word follows them.
     len: usize,
     /// Where the last lookup found its frame: walks go down the chain in order.
     hint: Cell<usize>,
@@ -28,11 +29,11 @@ impl Captured {
         self.len = h.frame_bytes as usize;
         self.frames.clear();
         self.data.clear();
-        self.data.extend_from_slice(&frames[..h.nframes as usize * self.len]);
+        self.data.extend_from_slice(&frames[..h.nframes as usize * h.stride()]);
         self.hint.set(0);
         let mut addr = h.frame;
         for i in 0..h.nframes as usize {
-            let at = i * self.len;
+            let at = i * h.stride();
             self.frames.push((addr, at));
             addr = field_u64(&self.data, at + previous_off);
         }
@@ -46,6 +47,17 @@ impl Captured {
     /// The address of the `i`th frame (innermost = 0).
     pub fn frame(&self, i: usize) -> Option<u64> {
         self.frames.get(i).map(|f| f.0)
+    }
+
+    /// The `i`th frame's copy and the ident word of its code object, as
+    /// the program read them at the interrupt.
+    pub fn copy(&self, i: usize) -> Option<(&[u8], u64)> {
+        let &(_, at) = self.frames.get(i)?;
+        Some((&self.data[at..at + self.len], field_u64(&self.data, at + self.len)))
+    }
+
+    pub fn len(&self) -> usize {
+        self.frames.len()
     }
 
     fn find(&self, addr: u64) -> Option<usize> {
@@ -81,15 +93,20 @@ impl RemoteMemory for Captured {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::record::{FLAG_TRUNCATED, HEADER_LEN};
+    use crate::kernel::record::{FLAG_TRUNCATED, IDENT_BYTES};
 
+    /// Frames of 16 bytes, `previous` at 8, each followed by ident `i + 1`.
     fn chain(addrs: &[u64], flags: u16) -> (Header, Vec<u8>) {
-        let mut data = vec![0u8; addrs.len() * 16];
+        const S: usize = 16 + IDENT_BYTES;
+        let mut data = vec![0u8; addrs.len() * S];
         for (i, w) in addrs.windows(2).enumerate() {
-            data[i * 16 + 8..i * 16 + 16].copy_from_slice(&w[1].to_le_bytes());
+            data[i * S + 8..i * S + 16].copy_from_slice(&w[1].to_le_bytes());
+        }
+        for i in 0..addrs.len() {
+            data[i * S + 16..i * S + 24].copy_from_slice(&(i as u64 + 1).to_le_bytes());
         }
         let last = addrs.len() - 1;
-        data[last * 16 + 8..last * 16 + 16].copy_from_slice(&0xdead0u64.to_le_bytes());
+        data[last * S + 8..last * S + 16].copy_from_slice(&0xdead0u64.to_le_bytes());
         let h = Header { frame: addrs[0], frame_bytes: 16, nframes: addrs.len() as u16, flags, ..Header::default() };
         (h, data)
     }
@@ -104,7 +121,7 @@ mod tests {
         assert!(c.read_u64(0x4000).is_err(), "no fallback to anything not copied");
         assert!(c.read_vec(0x1008, 16).is_err(), "no read past a frame's copy");
         assert_eq!(c.read_time(0x1000, 16).0, 0);
-        let _ = HEADER_LEN;
+        assert_eq!(c.copy(1).map(|(f, id)| (f.len(), id)), Some((16, 2)), "each frame's ident follows it");
     }
 
     #[test]

@@ -1,22 +1,29 @@
 //! A record to a stack: the existing walker (`python::frames`) runs over
 //! the record's copy of the frames ([`Captured`]) with the version's own
 //! rules, and names code objects through the code cache, reading them live
-//! (they do not change while they exist; see [`Converter::gens`] for how a
-//! freed and reused address is caught).
+//! (they do not change while they exist) only where the ident the capture
+//! read of each (`kernel::ident`) says the object there is still the one
+//! the frame named.
+
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::offsets::Offsets;
-use crate::process::memory::{RemoteMemory, VmReader};
-use crate::python::code::{CodeCache, Generations, Sources};
+use crate::process::memory::{RemoteMemory, VmReader, check_pointer, field_u64};
+use crate::python::code::{CodeCache, CodeInfo, Generations, Sources};
 use crate::python::frames::{FrameWalker, WalkContext};
-use crate::python::interpreter::{CodeCounter, Interpreter};
+use crate::python::interpreter::Interpreter;
 use crate::stack::Frame;
 
 use super::captured::Captured;
-use super::record::{FLAG_WORD_FAULT, Header, MAX_FRAME_BYTES, MAX_FRAMES, NO_CFRAME, RECORD_DATA, TargetConfig};
+use super::ident::IdentRule;
+use super::record::{FLAG_WORD_FAULT, Header, IDENT_BYTES, IDENT_NONE, MAX_FRAME_BYTES, MAX_FRAMES, NO_CFRAME, NO_FIELD, RECORD_DATA, TargetConfig};
 
 /// The frame that ends a stack deeper than the capture's bound.
 pub const TRUNCATED: &str = "[truncated]";
+/// The frame whose code object was freed, and its address taken by another
+/// code object, between the interrupt and the moment pyprof read it.
+pub const CODE_GONE: &str = "[code object gone before read]";
 
 /// What became of one record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +45,8 @@ pub struct Converter {
     walker: FrameWalker,
     codes: CodeCache,
     mem: Captured,
-    counter: Option<CodeCounter>,
+    ident: IdentRule,
+    gone: Arc<CodeInfo>,
     interp: u64,
 }
 
@@ -54,7 +62,8 @@ pub fn frame_bytes(o: &Offsets) -> u64 {
 pub fn target_config(interp: &Interpreter, main_interp: u64) -> Option<TargetConfig> {
     let o = &interp.offsets;
     let fb = frame_bytes(o);
-    if fb > MAX_FRAME_BYTES {
+    let ident = IdentRule::for_offsets(o);
+    if fb > MAX_FRAME_BYTES || ident.kind == IDENT_NONE || o.frame.code % 8 != 0 {
         return None;
     }
     let mut gil = Vec::new();
@@ -63,15 +72,34 @@ pub fn target_config(interp: &Interpreter, main_interp: u64) -> Option<TargetCon
     Some(TargetConfig {
         gil_locked: gil.map_or(0, |g| g.locked_word()),
         gil_holder: gil.map_or(0, |g| g.holder),
-        counter: interp.code_counter(main_interp).map_or(0, CodeCounter::addr),
         gc: o.gc.map_or(0, |g| g.addr(interp.runtime, main_interp)),
+        code_mask: o.constants.executable_tag_mask,
         frame_off: o.thread.current_frame as u32,
         cframe_off: o.thread.cframe_current_frame.map_or(NO_CFRAME, |c| c as u32),
         previous_off: o.frame.previous as u32,
         frame_bytes: fb as u32,
-        max_frames: (RECORD_DATA as u64 / fb).min(MAX_FRAMES as u64) as u32,
+        max_frames: (RECORD_DATA as u64 / (fb + IDENT_BYTES as u64)).min(MAX_FRAMES as u64) as u32,
+        tracing_off: o.thread.tracing.map_or(NO_FIELD, |t| t as u32),
+        code_off: o.frame.code as u32,
+        ident_kind: ident.kind,
+        ident_off: ident.off,
+        span_len: ident.span_len,
+        span_name: ident.span_name,
+        hash_off: ident.hash_off,
+        ascii_mask: ident.ascii_mask,
+        ascii_data: ident.ascii_data,
+        compact_data: ident.compact_data,
         pad: 0,
     })
+}
+
+/// Whether the object at `addr` looks alive: a reference count, not the
+/// free-list link the allocator writes over it when the object is freed (a
+/// pointer: pymalloc's arenas and glibc's mappings lie above 4 GiB). A
+/// freed code object still reads as itself, but its name string may have
+/// been freed with it and its block taken by another string.
+fn alive(mem: &VmReader, addr: u64) -> bool {
+    mem.read_u64(addr).is_ok_and(|refcnt| refcnt != 0 && refcnt >> 32 == 0)
 }
 
 impl Converter {
@@ -83,7 +111,8 @@ impl Converter {
             walker: FrameWalker::default(),
             codes: CodeCache::new(interp.image.clone()),
             mem: Captured::default(),
-            counter: interp.code_counter(main_interp),
+            ident: IdentRule::for_offsets(&interp.offsets),
+            gone: Arc::new(CodeInfo { name: CODE_GONE.into(), filename: "".into(), firstlineno: 0, linetable: Box::new([]), first_traceable: 0, shim: false }),
             interp: main_interp,
         }
     }
@@ -93,19 +122,39 @@ impl Converter {
         self.interp
     }
 
-    /// The code-object generation for a record. `after` is the counter as
-    /// the capture read it, after the frames: an entry validated while the
-    /// counter had that value names the very object the frames named.
-    /// `before` is the counter read live now, before any code object is
-    /// read for this record: entries validated now are stamped with it, so
-    /// a stamp is always a value the counter had when the entry was read.
-    fn gens(&self, h: &Header, live: &VmReader) -> Generations {
-        let addr = self.counter.map(CodeCounter::addr);
-        Generations {
-            interp: self.interp,
-            created: matches!(self.counter, Some(CodeCounter::Created(_))),
-            before: addr.and_then(|a| live.read_u64(a).ok()),
-            after: addr.filter(|_| h.flags & FLAG_WORD_FAULT == 0).map(|_| h.counter),
+    /// Make the code cache serve each captured frame's code object, or a
+    /// stand-in where it is gone: an entry made for the ident the capture
+    /// read serves as it is; otherwise the object is read live, before and
+    /// after which its ident must still be the captured one; if it is not,
+    /// and a code object is there, the captured one is gone. Every Python
+    /// frame's code is settled here: the walk reads no code object live.
+    fn resolve(&mut self, live: &VmReader) {
+        let (code_off, mask) = (self.offsets.frame.code as usize, self.offsets.constants.executable_tag_mask);
+        let mut last = 0;
+        for i in 0..self.mem.len() {
+            let Some((frame, captured)) = self.mem.copy(i) else { break };
+            let code = field_u64(frame, code_off) & !mask;
+            if code == last || check_pointer(code, "code").is_err() || self.codes.in_image(code) {
+                continue;
+            }
+            last = code;
+            if self.codes.vouch(code, captured) {
+                continue;
+            }
+            let rule = self.ident;
+            let still = || rule.read(live, code).is_ok_and(|w| w == captured) && alive(live, code);
+            let kept = still() && self.codes.adopt(live, &self.offsets, code, self.interp, captured, still).unwrap_or(false);
+            // Another code object took the address. Anything else there was
+            // no code object when read either (a torn frame points at
+            // anything): the walk fails there, as any sampler's does, and
+            // never reads what may have been made there since.
+            if !kept {
+                if self.codes.is_code(live, &self.offsets, code) {
+                    self.codes.stand_in(code, self.gone.clone());
+                } else {
+                    self.codes.refuse(code);
+                }
+            }
         }
     }
 
@@ -115,11 +164,14 @@ impl Converter {
             return Err(Error::Corrupt(format!("record copies {} bytes per frame, expected {}", h.frame_bytes, self.offsets.frame.size)));
         }
         self.mem.load(h, frames, self.offsets.frame.previous as usize);
-        let gens = self.gens(h, live);
-        // Code objects: the live process, read after the capture.
-        let code = Sources { held: live, fresh: live, gens_at: 1 };
         self.codes.begin_snapshot();
-        let ctx = WalkContext { mem: &self.mem, code: &code, offsets: &self.offsets, gens, hooked: false };
+        self.resolve(live);
+        // Every code object the walk asks for was settled just now; no
+        // counter proves anything here (see `kernel::ident`).
+        let code = Sources { held: live, fresh: live, gens_at: 1 };
+        let gens = Generations { interp: self.interp, ..Generations::default() };
+        let hooked = h.tracing != 0 && h.flags & FLAG_WORD_FAULT == 0;
+        let ctx = WalkContext { mem: &self.mem, code: &code, offsets: &self.offsets, gens, hooked };
         let outcome = match self.walker.walk(&ctx, &mut self.codes, h.frame, out) {
             Ok(()) => Outcome::Stack,
             Err(e) if e.is_transient() => {

@@ -13,6 +13,7 @@
 pub mod captured;
 pub mod choose;
 pub mod convert;
+pub mod ident;
 pub mod loader;
 pub mod off_cpu;
 pub mod record;

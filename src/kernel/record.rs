@@ -10,13 +10,22 @@ pub const FLAG_FAULT: u16 = 1;
 pub const FLAG_TRUNCATED: u16 = 2;
 /// The thread was not in the tid → thread-state map.
 pub const FLAG_NO_TSTATE: u16 = 4;
-/// A GIL, code-counter or GC word could not be read.
+/// A GIL, GC or `tracing` word could not be read.
 pub const FLAG_WORD_FAULT: u16 = 8;
 
 pub const NO_CFRAME: u32 = u32::MAX;
+/// A thread-state field this version lacks.
+pub const NO_FIELD: u32 = u32::MAX;
+/// `IDENT_*`: what the program reads to tell a code object from a later one
+/// at its address (see `kernel::ident`).
+pub const IDENT_NONE: u32 = 0;
+pub const IDENT_WORD: u32 = 1;
+pub const IDENT_NAME: u32 = 2;
+/// Each frame in a record is followed by its code object's ident word.
+pub const IDENT_BYTES: usize = 8;
 /// Bytes the program may copy of one frame (`MAX_FRAME_BYTES` - 8).
 pub const MAX_FRAME_BYTES: u64 = 120;
-pub const HEADER_LEN: usize = 80;
+pub const HEADER_LEN: usize = 72;
 pub const RECORD_DATA: usize = 32768 - HEADER_LEN;
 /// The program's loop bound.
 pub const MAX_FRAMES: u32 = 512;
@@ -27,18 +36,28 @@ pub const MAX_FRAMES: u32 = 512;
 pub struct TargetConfig {
     pub gil_locked: u64,
     pub gil_holder: u64,
-    pub counter: u64,
     /// The collector's `collecting` word (`<GC>` frames), or 0.
     pub gc: u64,
+    pub code_mask: u64,
     pub frame_off: u32,
     pub cframe_off: u32,
     pub previous_off: u32,
     pub frame_bytes: u32,
     pub max_frames: u32,
+    pub tracing_off: u32,
+    pub code_off: u32,
+    pub ident_kind: u32,
+    pub ident_off: u32,
+    pub span_len: u32,
+    pub span_name: u32,
+    pub hash_off: u32,
+    pub ascii_mask: u32,
+    pub ascii_data: u32,
+    pub compact_data: u32,
     pub pad: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<TargetConfig>() == 56);
+const _: () = assert!(std::mem::size_of::<TargetConfig>() == 96);
 
 // SAFETY: plain integers, repr(C), no padding (checked above).
 unsafe impl aya::Pod for TargetConfig {}
@@ -52,7 +71,6 @@ pub struct Header {
     pub frame: u64,
     pub gil_locked: u64,
     pub gil_holder: u64,
-    pub counter: u64,
     /// `collecting` is the int in the word's low half.
     pub gc: u64,
     pub pid: u32,
@@ -61,6 +79,8 @@ pub struct Header {
     pub frame_bytes: u32,
     pub nframes: u16,
     pub flags: u16,
+    /// The thread state's `tracing`: a trace or profile hook runs.
+    pub tracing: u32,
 }
 
 impl Header {
@@ -75,16 +95,21 @@ impl Header {
             frame: field_u64(b, 16),
             gil_locked: field_u64(b, 24),
             gil_holder: field_u64(b, 32),
-            counter: field_u64(b, 40),
-            gc: field_u64(b, 48),
-            pid: field_u32(b, 56),
-            tid: field_u32(b, 60),
-            cpu: field_u32(b, 64),
-            frame_bytes: field_u32(b, 68),
-            nframes: u16::from_le_bytes([b[72], b[73]]),
-            flags: u16::from_le_bytes([b[74], b[75]]),
+            gc: field_u64(b, 40),
+            pid: field_u32(b, 48),
+            tid: field_u32(b, 52),
+            cpu: field_u32(b, 56),
+            frame_bytes: field_u32(b, 60),
+            nframes: u16::from_le_bytes([b[64], b[65]]),
+            flags: u16::from_le_bytes([b[66], b[67]]),
+            tracing: field_u32(b, 68),
         };
-        (b.len() >= HEADER_LEN + h.nframes as usize * h.frame_bytes as usize).then_some(h)
+        (b.len() >= HEADER_LEN + h.nframes as usize * h.stride()).then_some(h)
+    }
+
+    /// Bytes per frame in the record: the frame's copy, then its ident word.
+    pub fn stride(&self) -> usize {
+        self.frame_bytes as usize + IDENT_BYTES
     }
 
     /// The chain ended before its end: a fault or the bound.
@@ -99,15 +124,16 @@ mod tests {
 
     #[test]
     fn header_round_trips_the_c_layout() {
-        let mut b = vec![0u8; HEADER_LEN + 2 * 16];
+        let mut b = vec![0u8; HEADER_LEN + 2 * (16 + IDENT_BYTES)];
         b[0..8].copy_from_slice(&7u64.to_le_bytes());
-        b[48..56].copy_from_slice(&1u64.to_le_bytes());
-        b[56..60].copy_from_slice(&42u32.to_le_bytes());
-        b[68..72].copy_from_slice(&16u32.to_le_bytes());
-        b[72..74].copy_from_slice(&2u16.to_le_bytes());
-        b[74..76].copy_from_slice(&FLAG_TRUNCATED.to_le_bytes());
+        b[40..48].copy_from_slice(&1u64.to_le_bytes());
+        b[48..52].copy_from_slice(&42u32.to_le_bytes());
+        b[60..64].copy_from_slice(&16u32.to_le_bytes());
+        b[64..66].copy_from_slice(&2u16.to_le_bytes());
+        b[66..68].copy_from_slice(&FLAG_TRUNCATED.to_le_bytes());
+        b[68..72].copy_from_slice(&3u32.to_le_bytes());
         let h = Header::parse(&b).unwrap();
-        assert_eq!((h.time_ns, h.gc, h.pid, h.frame_bytes, h.nframes), (7, 1, 42, 16, 2));
+        assert_eq!((h.time_ns, h.gc, h.pid, h.frame_bytes, h.nframes, h.tracing), (7, 1, 42, 16, 2, 3));
         assert!(h.cut());
         assert!(Header::parse(&b[..b.len() - 1]).is_none(), "a record shorter than its frames is refused");
     }

@@ -261,7 +261,9 @@ pub fn run(
             }
             let a = sessions[p.session].attached();
             let mut is_torn = false;
-            match p.target.converter.stack(&h, &rec[HEADER_LEN..], &a.mem, &mut frames) {
+            let stack = p.target.converter.stack(&h, &rec[HEADER_LEN..], &a.mem, &mut frames);
+            ks.counts.code_gone += u64::from(stack.is_ok() && frames.iter().any(|f| &*f.function == super::convert::CODE_GONE));
+            match stack {
                 Ok(Outcome::Stack) => {}
                 Ok(Outcome::MidPush) => ks.counts.mid_push += 1,
                 // Counted, not dropped: a sample is the instant the timer
@@ -389,7 +391,7 @@ impl KernelStats {
         let (p, c) = (&self.program, &self.counts);
         let per = if p.runs > 0 { format!("{:.2} µs", p.run_time.as_secs_f64() * 1e6 / p.runs as f64) } else { "unknown".into() };
         format!(
-            "sampling: kernel (eBPF at the interrupt, nothing stopped); BPF program {:.1} ms CPU in {} runs on all CPUs ({per} per run, {} on a target) over {:.2} s; {} records, {} of threads not mapped yet, {} mid-push counted for the caller, {} torn, {} cut by a fault, {} deeper than the bound, {} lost",
+            "sampling: kernel (eBPF at the interrupt, nothing stopped); BPF program {:.1} ms CPU in {} runs on all CPUs ({per} per run, {} on a target) over {:.2} s; {} records, {} of threads not mapped yet, {} mid-push counted for the caller, {} torn, {} with a code object gone before read, {} cut by a fault, {} deeper than the bound, {} lost",
             p.run_time.as_secs_f64() * 1e3,
             p.runs,
             p.hits,
@@ -398,6 +400,7 @@ impl KernelStats {
             c.unknown_thread,
             c.mid_push,
             c.torn,
+            c.code_gone,
             c.faults,
             c.truncated,
             c.lost,

@@ -166,6 +166,11 @@ pub struct KernelSampling {
     /// Not readable even as the caller's stack: counted under
     /// `[stack moved while read]`.
     pub torn: u64,
+    /// Stacks with a frame whose code object was freed and its address
+    /// taken by another before pyprof could name it: that frame reads
+    /// `[code object gone before read]` (see `kernel::ident`).
+    #[serde(default)]
+    pub code_gone: u64,
     /// Chains cut by a page not resident, or by the depth bound: `[truncated]`.
     pub faults: u64,
     pub truncated: u64,

@@ -136,6 +136,9 @@ struct Entry {
     epoch: u64,
     /// (interpreter, code-object generation read before the last fingerprint check).
     stamp: Option<(u64, u64)>,
+    /// The kernel sampler's ident word (`kernel::ident`) the entry was
+    /// proven against, if it was.
+    captured: Option<u64>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -167,6 +170,8 @@ pub struct CodeCache {
     last: Option<(u64, u64, Arc<CodeInfo>, Ident)>,
     /// An entry was made or replaced in this snapshot.
     unproven: bool,
+    /// Addresses this snapshot must not read a code object at (see [`Self::refuse`]).
+    refused: Vec<u64>,
     /// The interpreter's own image (avma ranges): strings there are static.
     image: Vec<(u64, u64)>,
     /// Whether a `co_version` counter (`Generations::created`) has been checked.
@@ -212,7 +217,7 @@ impl CodeCache {
     /// string there (3.11's `_Py_ID`s: `<module>`, `<lambda>`, ...) is never
     /// freed, so its address alone names it; checking its contents would
     /// cost a page per sample for nothing.
-    fn in_image(&self, addr: u64) -> bool {
+    pub fn in_image(&self, addr: u64) -> bool {
         self.image.iter().any(|&(s, e)| (s..e).contains(&addr))
     }
 
@@ -222,6 +227,14 @@ impl CodeCache {
     pub fn begin_snapshot(&mut self) {
         self.epoch += 1;
         self.unproven = false;
+        self.refused.clear();
+    }
+
+    /// The kernel sampler found no code object at `addr` to prove the
+    /// captured one by: in this snapshot, asking for it is an error, never
+    /// a read of whatever may have been made there since.
+    pub fn refuse(&mut self, addr: u64) {
+        self.refused.push(addr);
     }
 
     /// Whether this snapshot used an entry made from its own reads only (a
@@ -230,6 +243,49 @@ impl CodeCache {
     /// snapshot must be re-read in full before it counts.
     pub fn unproven(&self) -> bool {
         self.unproven
+    }
+
+    /// The kernel sampler's check (`kernel::ident`): the entry for `addr`
+    /// serves this snapshot if it was made for the object whose ident the
+    /// capture read.
+    pub fn vouch(&mut self, addr: u64, captured: u64) -> bool {
+        match self.entries.get_mut(&addr) {
+            Some(e) if e.captured == Some(captured) => {
+                e.epoch = self.epoch;
+                self.counts.code_hits += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The kernel sampler's miss: read the object at `addr` from `mem`, and
+    /// keep it for this snapshot if `still` (asked after every read) says
+    /// the object there is still the one captured. Ok(false): it is not.
+    pub fn adopt(&mut self, mem: &dyn RemoteMemory, o: &Offsets, addr: u64, interp: u64, captured: u64, still: impl Fn() -> bool) -> Result<bool> {
+        self.counts.code_misses += 1;
+        let (fp, ident, info) = self.build(mem, o, addr, interp)?;
+        if !still() {
+            return Ok(false);
+        }
+        if self.entries.len() >= MAX_ENTRIES {
+            self.entries.clear();
+        }
+        let epoch = self.epoch;
+        self.entries.insert(addr, Entry { fp, ident, info, epoch, stamp: None, captured: Some(captured) });
+        Ok(true)
+    }
+
+    /// Whether the object at `addr` in `mem` is a code object.
+    pub fn is_code(&mut self, mem: &dyn RemoteMemory, o: &Offsets, addr: u64) -> bool {
+        mem.read_u64(addr + o.object.ob_type).is_ok_and(|ty| self.check_type(mem, o, ty).is_ok())
+    }
+
+    /// What a frame whose code object is gone shows, for this snapshot only.
+    pub fn stand_in(&mut self, addr: u64, info: Arc<CodeInfo>) {
+        let fp = Fingerprint { ob_type: 0, name: 0, filename: 0, linetable: 0, firstlineno: 0, version: 0, version_word: 0, interp: 0 };
+        let epoch = self.epoch;
+        self.entries.insert(addr, Entry { fp, ident: Ident::default(), info, epoch, stamp: None, captured: None });
     }
 
     /// The code object at `addr`, for a frame read at `frame_at` (a read
@@ -250,6 +306,9 @@ impl CodeCache {
     }
 
     fn lookup(&mut self, src: &Sources, o: &Offsets, addr: u64, frame_at: u64, gens: Generations) -> Result<(Arc<CodeInfo>, Ident)> {
+        if self.refused.contains(&addr) {
+            return Err(Error::Corrupt(format!("no code object at {addr:#x} when its frame was named")));
+        }
         let epoch = self.epoch;
         let fixed = self.in_image(addr);
         let proves = self.counter_proves(gens);
@@ -310,7 +369,7 @@ impl CodeCache {
         if self.entries.len() >= MAX_ENTRIES {
             self.entries.clear();
         }
-        self.entries.insert(addr, Entry { fp, ident, info: info.clone(), epoch, stamp });
+        self.entries.insert(addr, Entry { fp, ident, info: info.clone(), epoch, stamp, captured: None });
         Ok((info, ident))
     }
 

@@ -6,8 +6,10 @@
 // at most one pointer), where `previous` sits in a frame, and how many bytes
 // of each frame to copy. It copies the interrupted thread's frame chain as
 // it is at the interrupt (the thread cannot run meanwhile, and only it
-// writes its own frames) and sends it to user space, which walks the copy
-// with the same code and the same rules as a stop-and-read sample.
+// writes its own frames), with a word per frame that tells its code object
+// from any later one at the same address (see ident()), and sends it to
+// user space, which walks the copy with the same code and the same rules as
+// a stop-and-read sample.
 //
 // Build with scripts/build-bpf.sh; the object is committed (src/kernel/bpf/
 // capture.bpf.o) so building pyprof needs no clang.
@@ -72,6 +74,45 @@ static __always_inline __u64 word(__u64 addr, __u16 *flags, __u16 fault)
 	return v;
 }
 
+static __always_inline __u64 mix(__u64 name, __u64 a, __u64 b)
+{
+	return name * 0x9E3779B97F4A7C15ull ^ a ^ b * 0xC2B2AE3D27D4EB4Full;
+}
+
+// What tells this code object apart from any later one at its address (see
+// capture.h), read now, while the frame that names it keeps it alive. User
+// space reads the same words when it names the object, and names the frame
+// only if they agree. Mirrored by kernel::ident. Nonzero: a read failed.
+static __always_inline long ident(const struct target *t, __u64 code, __u64 *out)
+{
+	*out = 0;
+	if (!code)
+		return 0;
+	if (t->ident_kind == IDENT_WORD) {
+		__u64 span[IDENT_SPAN / 8] = {};
+		__u32 len = t->span_len & (IDENT_SPAN - 8);
+		__u32 at = (t->span_name / 8) & (IDENT_SPAN / 8 - 1);
+		if (len < 8)
+			return 0;
+		long err = bpf_probe_read_user(span, len, (const void *)(code + t->ident_off));
+		*out = mix(span[at], span[0], 0);
+		return err;
+	}
+	if (t->ident_kind != IDENT_NAME)
+		return 0;
+	__u64 w = 0;
+	long err = bpf_probe_read_user(&w, sizeof(w), (const void *)(code + t->ident_off));
+	if (err || !w)
+		return err;
+	__u64 hs[2] = {0, 0};  // hash, then the state word
+	__u64 first = 0;
+	err = bpf_probe_read_user(hs, sizeof(hs), (const void *)(w + t->hash_off));
+	if (!err)
+		err = bpf_probe_read_user(&first, sizeof(first), (const void *)(w + ((hs[1] & t->ascii_mask) ? t->ascii_data : t->compact_data)));
+	*out = mix(w, hs[0], first);
+	return err;
+}
+
 SEC("perf_event")
 int capture(void *ctx)
 {
@@ -95,8 +136,8 @@ int capture(void *ctx)
 	h->frame = 0;
 	h->gil_locked = 0;
 	h->gil_holder = 0;
-	h->counter = 0;
 	h->gc = 0;
+	h->tracing = 0;
 	__u32 fb = t->frame_bytes & (MAX_FRAME_BYTES - 8);
 	__u32 prev = t->previous_off & (MAX_FRAME_BYTES - 8);
 	h->frame_bytes = fb;
@@ -111,14 +152,18 @@ int capture(void *ctx)
 	if (t->cframe_off != NO_CFRAME && frame)
 		frame = word(frame + t->cframe_off, &h->flags, FLAG_FAULT);
 	h->frame = frame;
-	if (h->flags || fb < 8 || prev + 8 > fb)
+	if (t->tracing_off != NO_FIELD)
+		h->tracing = (__u32)word(*ts + t->tracing_off, &h->flags, FLAG_WORD_FAULT);
+	__u32 code_off = t->code_off & (MAX_FRAME_BYTES - 8);
+	if (h->flags || fb < 8 || prev + 8 > fb || code_off + 8 > fb)
 		goto words;
 	__u32 max = t->max_frames;
 	__u32 off = 0;
+	__u64 last_code = 0, last_ident = 0;
 	for (__u32 i = 0; i < MAX_FRAMES; i++) {
 		if (!frame)
 			break;
-		if (i >= max || off > RECORD_DATA - MAX_FRAME_BYTES) {
+		if (i >= max || off > RECORD_DATA - MAX_FRAME_BYTES - IDENT_BYTES) {
 			h->flags |= FLAG_TRUNCATED;
 			break;
 		}
@@ -127,21 +172,30 @@ int capture(void *ctx)
 			h->flags |= FLAG_FAULT;
 			break;
 		}
+		// Recursion names one code object frame after frame: read it once.
+		__u64 code = *(__u64 *)&r->data[off + code_off] & ~t->code_mask;
+		if (code != last_code) {
+			last_code = code;
+			if (ident(t, code, &last_ident)) {
+				// Unprovable, so not kept: the chain ends above this frame.
+				h->flags |= FLAG_FAULT;
+				break;
+			}
+		}
 		frame = *(__u64 *)&r->data[off + prev];
 		off += fb;
+		*(__u64 *)&r->data[off] = last_ident;
+		off += IDENT_BYTES;
 		h->nframes = i + 1;
 	}
 words:
-	// After the frames: the GIL's words, the collector's flag (only the
-	// GIL holder changes it: for this thread, set at this instant or not)
-	// and the code-object counter, read last (see kernel::record for why
-	// the counter's order matters).
+	// After the frames: the GIL's words and the collector's flag (only the
+	// GIL holder changes it: for this thread, set at this instant or not).
 	h->gil_locked = word(t->gil_locked, &h->flags, FLAG_WORD_FAULT);
 	h->gil_holder = word(t->gil_holder, &h->flags, FLAG_WORD_FAULT);
 	h->gc = word(t->gc, &h->flags, FLAG_WORD_FAULT);
-	h->counter = word(t->counter, &h->flags, FLAG_WORD_FAULT);
 send:;
-	__u64 len = sizeof(struct header) + (__u64)h->nframes * fb;
+	__u64 len = sizeof(struct header) + (__u64)h->nframes * (fb + IDENT_BYTES);
 	if (len > sizeof(struct record))
 		len = sizeof(struct record);
 	// No wakeup: user space drains on its own clock. A wakeup is an

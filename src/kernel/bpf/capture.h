@@ -5,25 +5,47 @@
 
 #define MAX_FRAME_BYTES 128
 #define NO_CFRAME 0xffffffffu
+#define NO_FIELD 0xffffffffu
 
 #define FLAG_FAULT 1        /* a read failed (page not resident): chain ends */
 #define FLAG_TRUNCATED 2    /* deeper than the bound */
 #define FLAG_NO_TSTATE 4    /* tid not in THREADS yet */
-#define FLAG_WORD_FAULT 8   /* a GIL, counter or GC word could not be read */
+#define FLAG_WORD_FAULT 8   /* a GIL or GC word could not be read */
+
+/* How a frame's code object is told apart from one that later takes its
+ * address, mixed into one word: IDENT_WORD, its `co_version` word (3.12+: no
+ * other code object of the interpreter ever has it) and name pointer, both
+ * read from one span of the object; IDENT_NAME (older), its name string's
+ * pointer, hash and first characters. */
+#define IDENT_NONE 0
+#define IDENT_WORD 1
+#define IDENT_NAME 2
 
 /* What user space tells the program about one target process. */
 struct target {
 	__u64 gil_locked;   /* address of the 8-byte word holding `locked`, or 0 */
 	__u64 gil_holder;   /* address of `last_holder`, or 0 */
-	__u64 counter;      /* address of the code-object counter, or 0 */
 	__u64 gc;           /* address of the collector's `collecting` word, or 0 */
+	__u64 code_mask;    /* tag bits of a frame's code word (3.14+ stack refs) */
 	__u32 frame_off;    /* current frame (or cframe) pointer in a thread state */
 	__u32 cframe_off;   /* current_frame in the cframe, or NO_CFRAME */
 	__u32 previous_off; /* `previous`/`f_back` in a frame */
 	__u32 frame_bytes;  /* bytes copied per frame, multiple of 8, < 128 */
 	__u32 max_frames;
+	__u32 tracing_off;  /* the int `tracing` in a thread state, or NO_FIELD */
+	__u32 code_off;     /* the code word in a frame, a multiple of 8 */
+	__u32 ident_kind;   /* IDENT_* */
+	__u32 ident_off;    /* in the code object: the span (IDENT_WORD) or the name pointer */
+	__u32 span_len;     /* IDENT_WORD: bytes of the span, <= IDENT_SPAN */
+	__u32 span_name;    /* IDENT_WORD: the name pointer's offset in the span */
+	__u32 hash_off;     /* in a str: its hash; its state word follows it */
+	__u32 ascii_mask;   /* the state's `ascii` bit */
+	__u32 ascii_data;   /* in a str: an ASCII one's characters */
+	__u32 compact_data; /* in a str: another compact one's characters */
 	__u32 pad;
 };
+
+#define IDENT_SPAN 64
 
 struct header {
 	__u64 time_ns;      /* CLOCK_MONOTONIC */
@@ -31,7 +53,6 @@ struct header {
 	__u64 frame;        /* innermost frame's address */
 	__u64 gil_locked;
 	__u64 gil_holder;
-	__u64 counter;
 	__u64 gc;
 	__u32 pid;
 	__u32 tid;
@@ -39,11 +60,13 @@ struct header {
 	__u32 frame_bytes;
 	__u16 nframes;
 	__u16 flags;
-	__u32 pad;
+	__u32 tracing;      /* the thread state's `tracing`: a hook runs */
 };
 
 #define RECORD_SIZE 32768
 #define RECORD_DATA (RECORD_SIZE - sizeof(struct header))
+/* Each frame in a record: frame_bytes of the frame, then its code's ident. */
+#define IDENT_BYTES 8
 
 struct record {
 	struct header h;
