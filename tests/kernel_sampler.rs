@@ -130,6 +130,8 @@ fn wall_mode_samples_every_thread_once_a_tick_from_either_half() {
 
 /// A thread started half a second into the recording is sampled: its tid
 /// is mapped once the capture reports it (or the next list read finds it).
+/// It is named by its `threading` name, as every sampler names threads,
+/// not by the kernel's (the program's, on 3.8-3.13).
 #[test]
 fn thread_started_during_the_recording_is_sampled() {
     for_each_interpreter(|py| {
@@ -142,6 +144,14 @@ fn thread_started_during_the_recording_is_sampled() {
         // 1 s of one spinning thread at 500 Hz: 500 samples of CPU time on
         // an idle machine, a fifth of that on this one under builds.
         assert!(late >= 20, "[{}] only {late} samples of the late thread: {stderr}", py.label);
+        let named: u64 = p
+            .stacks
+            .iter()
+            .filter(|s| s.frames.iter().any(|&f| p.frames[f as usize].function == "late_worker"))
+            .filter(|s| p.threads[s.thread as usize].name.as_deref() == Some("late-spinner"))
+            .map(|s| s.count)
+            .sum();
+        assert!(named * 10 >= late * 9, "[{}] {named} of {late} samples of the late thread under its threading name: {:?}", py.label, p.threads);
     });
 }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::attach::Attached;
 use crate::error::{Error, Result};
 use crate::process::memory::RemoteMemory;
+use crate::python::thread_names::NameCache;
 use crate::python::threads::{ThreadList, ThreadState, find_pthread_tid_offset};
 
 use super::convert::{Converter, target_config};
@@ -23,6 +24,10 @@ pub struct KernelTarget {
     pub converter: Converter,
     /// tid → thread state, as last put in the map.
     tids: HashMap<u32, u64>,
+    /// tid → (interpreter, `threading` ident), for [`Self::python_name`].
+    idents: HashMap<u32, (u64, u64)>,
+    /// The `threading` names every output shows, as the other samplers do.
+    py_names: NameCache,
     list: ThreadList,
     states: Vec<ThreadState>,
     buf: Vec<u8>,
@@ -48,6 +53,8 @@ impl KernelTarget {
             pid: a.target.pid,
             converter: Converter::new(&a.interp, main),
             tids: HashMap::new(),
+            idents: HashMap::new(),
+            py_names: NameCache::default(),
             list: ThreadList::default(),
             states: Vec::new(),
             buf: Vec::new(),
@@ -85,6 +92,8 @@ impl KernelTarget {
             let (pid, tids) = a.target.inner_ids();
             self.pthread_tid = find_pthread_tid_offset(&a.mem, pid, &tids, &pthreads);
         }
+        self.py_names.refresh(&a.mem, o, self.states.iter().map(|t| (t.interp, t.thread_id)), false);
+        self.idents.clear();
         let mut now: HashMap<u32, u64> = HashMap::with_capacity(self.states.len());
         for ts in &self.states {
             let tid = ts.native_id.or_else(|| self.pthread_tid.and_then(|off| a.mem.read_u32(ts.thread_id + off).ok().map(u64::from)));
@@ -93,6 +102,7 @@ impl KernelTarget {
             let tid = tid.and_then(|t| a.target.host_tid(t));
             if let Some(tid) = tid.filter(|&t| t > 0 && t <= i32::MAX as u64) {
                 now.insert(tid as u32, ts.addr);
+                self.idents.insert(tid as u32, (ts.interp, ts.thread_id));
             }
         }
         for (&tid, &ts) in &now {
@@ -106,6 +116,12 @@ impl KernelTarget {
         self.tids = now;
         self.stale = false;
         Ok(())
+    }
+
+    /// Host thread `tid`'s `threading` name, if it has one and it was read.
+    pub fn python_name(&self, tid: u32) -> Option<&str> {
+        let &(interp, ident) = self.idents.get(&tid)?;
+        self.py_names.get(interp, ident)
     }
 
     /// Take the target and its threads out of the program's maps.

@@ -37,6 +37,6 @@ if __name__ == "__main__":
     else:
         print("ready", flush=True)
         time.sleep(0.5)
-        t = threading.Thread(target=late_worker, daemon=True)
+        t = threading.Thread(target=late_worker, name="late-spinner", daemon=True)
         t.start()
         t.join()
