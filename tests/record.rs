@@ -292,6 +292,8 @@ fn subprocesses_are_followed() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let p = read_profile(&out_path);
         let stderr = String::from_utf8_lossy(&out.stderr);
+        // The default sampler: the kernel's where allowed (in CI it must be), children too.
+        kernel_ran(&p.meta.sampling.method, &stderr, &py.label);
         let procs: std::collections::HashSet<&str> = p.frames.iter().filter(|f| f.kind == FrameKind::Process).map(|f| f.function.as_str()).collect();
         assert!(inclusive(&p, "child_work") > 100, "child's function seen {} times: {procs:?} {stderr}", inclusive(&p, "child_work"));
         assert!(inclusive(&p, "parent_wait") > 50, "parent seen {} times: {procs:?} {stderr}", inclusive(&p, "parent_wait"));
@@ -340,6 +342,7 @@ fn subprocesses_follow_forked_workers() {
             .collect();
         assert_eq!(workers.len(), 9, "workers reaped: {stderr}");
         let p = read_profile(&out_path);
+        kernel_ran(&p.meta.sampling.method, &stderr, &py.label);
         let samples_of = |pid: i32| -> u64 {
             let prefix = format!("process {pid} (");
             p.stacks

@@ -123,7 +123,6 @@ pub fn run(cfg: &AgentConfig, exporters: Vec<Box<dyn Exporter>>) -> anyhow::Resu
         rate_hz: cfg.rate_hz,
         native: cfg.attach.native.is_some(),
         asyncio: cfg.attach.asyncio.is_some(),
-        subprocesses: false,
         thread_filter: !cfg.attach.threads.is_all(),
     };
     let (mut kernel, note) = choose(cfg.sampler, &wanted);

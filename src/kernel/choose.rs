@@ -25,7 +25,6 @@ pub struct Wanted {
     pub rate_hz: f64,
     pub native: bool,
     pub asyncio: bool,
-    pub subprocesses: bool,
     pub thread_filter: bool,
 }
 
@@ -47,7 +46,6 @@ fn unsupported(w: &Wanted) -> Option<&'static str> {
     [
         (w.native, "--native is not supported by it"),
         (w.asyncio, "--async is not supported by it"),
-        (w.subprocesses, "--subprocesses is not supported by it"),
         (w.thread_filter, "--thread/--main-thread are not supported by it"),
     ]
     .into_iter()
@@ -79,7 +77,7 @@ mod tests {
     use super::*;
 
     fn wanted(mode: Mode, rate_hz: f64) -> Wanted {
-        Wanted { mode, rate_hz, native: false, asyncio: false, subprocesses: false, thread_filter: false }
+        Wanted { mode, rate_hz, native: false, asyncio: false, thread_filter: false }
     }
 
     /// What auto passes over for ptrace, before the kernel is asked: the
@@ -93,7 +91,6 @@ mod tests {
         for w in [
             Wanted { native: true, ..wanted(Mode::Cpu, 100.0) },
             Wanted { asyncio: true, ..wanted(Mode::Cpu, 100.0) },
-            Wanted { subprocesses: true, ..wanted(Mode::Cpu, 100.0) },
             Wanted { thread_filter: true, ..wanted(Mode::Cpu, 100.0) },
         ] {
             assert!(unsupported(&w).is_some(), "{w:?}");

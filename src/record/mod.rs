@@ -54,7 +54,6 @@ impl RecordConfig {
             rate_hz: self.sampling.rate_hz,
             native: self.attach.native.is_some(),
             asyncio: self.attach.asyncio.is_some(),
-            subprocesses: self.subprocesses,
             thread_filter: !self.attach.threads.is_all(),
         };
         let (kernel, note) = choose(self.sampler, &wanted);
@@ -87,7 +86,7 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
     let about = summary::Target::of(&first);
     // Held from the start: after the target exits its /proc path is gone.
     let sources = crate::output::heatmap::SourceRoot::of_process(first.pid());
-    let mut finder = ChildFinder::new(first.pid(), cfg.attach.clone());
+    let mut finder = ChildFinder::new(first.pid(), attach.clone());
     let discover: Option<&mut dyn Discover> = if cfg.subprocesses { Some(&mut finder) } else { None };
     let mut sessions = vec![first];
 
@@ -101,7 +100,7 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
     };
     let (stats, reason, kernel_stats) = match kernel.as_mut() {
         Some(k) => {
-            let (s, r, ks) = crate::kernel::run::run(k, &mut sessions, &cfg.sampling, &mut agg, progress, None)?;
+            let (s, r, ks) = crate::kernel::run::run(k, &mut sessions, &cfg.sampling, &mut agg, progress, discover)?;
             (s, r, Some(ks))
         }
         None => {
