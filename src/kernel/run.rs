@@ -111,8 +111,9 @@ fn drop_ended(
 }
 
 /// Runs the kernel sampler over `sessions` until the end the config or
-/// the targets set; with `discover` (the agent), targets come and go and
-/// it runs on without any. The first targets must register (an error
+/// the targets set; with `discover` (the agent, `--subprocesses`), targets
+/// come and go, and with `cfg.run_without_targets` (the agent) it runs on
+/// without any. The first targets must register (an error
 /// here is the recording's); one found later that cannot is dropped and
 /// counted.
 pub fn run(
@@ -151,9 +152,9 @@ pub fn run(
     crate::sampler::note_gc_frames(sessions, &mut stats);
     let mut ks = KernelStats::default();
     let mut per_thread: HashMap<u32, u64> = HashMap::new();
-    // Not under `discover`: over a host's processes coming and going, one
+    // Not for the agent: over a host's processes coming and going, one
     // entry per thread ever seen would grow without bound.
-    let count_threads = discover.is_none();
+    let count_threads = !cfg.run_without_targets;
     let mut frames: Vec<Frame> = Vec::new();
     let mut last_progress = Duration::ZERO;
     let mut last_alive = Instant::now();
@@ -290,7 +291,11 @@ pub fn run(
             if frames.is_empty() && !cfg.include_empty {
                 return;
             }
-            let name = p.names.entry(h.tid).or_insert_with(|| crate::process::task_comm(h.pid as i32, h.tid as i32));
+            // The `threading` name, else the kernel's, as every sampler names threads.
+            let name = match p.target.python_name(h.tid) {
+                Some(n) => Some(n),
+                None => p.names.entry(h.tid).or_insert_with(|| crate::process::task_comm(h.pid as i32, h.tid as i32)).as_deref(),
+            };
             if count_threads {
                 *per_thread.entry(h.tid).or_insert(0) += 1;
             }
@@ -299,7 +304,7 @@ pub fn run(
                 pid: h.pid as i32,
                 command: &p.command,
                 native_id: Some(h.tid as u64),
-                name: name.as_deref(),
+                name,
                 frames: &frames,
                 holds_gil: gil,
                 on_cpu: true,
@@ -379,7 +384,7 @@ pub fn run(
 }
 
 /// A recording's ticks: the samples of its most sampled thread (one a
-/// period while it ran). Under `discover` (the agent, whose targets come
+/// period while it ran). For the agent (whose targets come
 /// and go): the periods of the rate passed, as its metrics count ticks.
 fn ticks_so_far(per_thread: &HashMap<u32, u64>, discovering: bool, periods: u64) -> u64 {
     if discovering { periods } else { per_thread.values().copied().max().unwrap_or(0) }
@@ -404,7 +409,13 @@ impl KernelStats {
             c.faults,
             c.truncated,
             c.lost,
-        ) + &if c.wall_ticks > 0 {
+        ) + &if c.code_gone * 100 > c.records {
+            // Code made and dropped within the drain (exec or eval in a loop):
+            // worth a line, as the other sampler names it.
+            format!("; {:.0} % of stacks hold code freed before it was named (--sampler ptrace names it)", c.code_gone as f64 * 100.0 / c.records as f64)
+        } else {
+            String::new()
+        } + &if c.wall_ticks > 0 {
             format!(
                 "; wall mode: {} ticks ({} skipped, late, with the {} records in them), {} stacks of threads on no CPU from user space ({} carried over unchanged, {} moved while read)",
                 c.wall_ticks, c.wall_ticks_skipped, c.in_skipped_ticks, c.off_cpu, c.off_cpu_carried, c.off_cpu_moved
