@@ -277,14 +277,15 @@ pub struct RecordArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
-    /// How stacks are taken. ptrace (the default): the GIL holder stopped
-    /// for each read. kernel: copied by an eBPF program at the sampling
-    /// interrupt, nothing stopped (root or CAP_BPF+CAP_PERFMON; --mode wall,
-    /// cpu and gil; threads on no CPU are read from user space, proven off
-    /// CPU; not with --native, --async, --subprocesses, --thread); it names
-    /// code after the interrupt and can misname code objects whose address
-    /// was reused. auto: kernel where it can, else ptrace. nonblocking: as --nonblocking.
-    #[arg(long, value_enum, default_value = "ptrace")]
+    /// How stacks are taken. auto (the default): kernel where the rights,
+    /// the kernel and the options allow it, else ptrace (one line says why
+    /// when the kernel refuses). kernel: copied by an eBPF program at the
+    /// sampling interrupt, nothing stopped (root or CAP_BPF+CAP_PERFMON;
+    /// --mode wall, cpu and gil; threads on no CPU are read from user space,
+    /// proven off CPU; not with --native, --async, --subprocesses, --thread);
+    /// a code object freed before it is named shows as a counted marker.
+    /// ptrace: the GIL holder stopped for each read. nonblocking: as --nonblocking.
+    #[arg(long, value_enum, default_value = "auto")]
     pub sampler: SamplerArg,
 
     /// After the summary, how each snapshot was made one instant, counted.
@@ -379,7 +380,7 @@ pub struct TopArgs {
     pub rows: usize,
 
     /// How stacks are taken, as for `record --sampler` (the header names the one that ran).
-    #[arg(long, value_enum, default_value = "ptrace")]
+    #[arg(long, value_enum, default_value = "auto")]
     pub sampler: SamplerArg,
 }
 
@@ -457,11 +458,10 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub access: ListenAccessArgs,
 
-    /// How stacks are taken, as for `record --sampler`: ptrace (the
-    /// default) stops each target's GIL holder per sample; kernel (or auto,
-    /// where allowed) runs one set of kernel perf events for every target,
-    /// stopping nothing.
-    #[arg(long, value_enum, default_value = "ptrace")]
+    /// How stacks are taken, as for `record --sampler`: auto (the default)
+    /// runs one set of kernel perf events for every target where allowed,
+    /// stopping nothing; else ptrace stops each target's GIL holder per sample.
+    #[arg(long, value_enum, default_value = "auto")]
     pub sampler: SamplerArg,
 }
 
