@@ -56,7 +56,8 @@ impl Captured {
         Some((&self.data[at..at + self.len], field_u64(&self.data, at + self.len)))
     }
 
-    pub fn len(&self) -> usize {
+    /// Frames in the copy.
+    pub fn frames(&self) -> usize {
         self.frames.len()
     }
 

@@ -131,7 +131,7 @@ impl Converter {
     fn resolve(&mut self, live: &VmReader) {
         let (code_off, mask) = (self.offsets.frame.code as usize, self.offsets.constants.executable_tag_mask);
         let mut last = 0;
-        for i in 0..self.mem.len() {
+        for i in 0..self.mem.frames() {
             let Some((frame, captured)) = self.mem.copy(i) else { break };
             let code = field_u64(frame, code_off) & !mask;
             if code == last || check_pointer(code, "code").is_err() || self.codes.in_image(code) {
