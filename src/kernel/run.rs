@@ -236,6 +236,10 @@ pub fn run(
             ks.counts.records += 1;
             let Some(p) = procs.get_mut(&h.pid) else { return };
             ks.counts.max_lag_us = ks.counts.max_lag_us.max(now_ns.saturating_sub(h.time_ns) / 1000);
+            if ticks.is_some() {
+                // Wall mode's proofs of threads off CPU learn who runs where.
+                crate::process::occupancy::with(|o| o.saw_running(h.cpu, h.tid as i32));
+            }
             if let Some(t) = ticks.as_mut() {
                 t.align_between(h.time_ns);
                 if !t.covers(h.time_ns) {

@@ -41,6 +41,8 @@ const MAX_THREADS: usize = 1 << 16;
 pub struct Occupancy {
     /// One ring per online CPU, each written by that CPU's event alone.
     rings: Vec<Ring>,
+    /// The CPU of each ring.
+    cpus: Vec<i32>,
     /// Per ring: the task on its CPU as of its last record (0: idle); None
     /// until a record comes, and after records were lost.
     current: Vec<Option<i32>>,
@@ -154,12 +156,13 @@ impl State<'_> {
 impl Occupancy {
     /// One event per online CPU for every task there; None when refused.
     pub fn open() -> Option<Occupancy> {
-        let mut rings = Vec::new();
+        let (mut rings, mut cpus) = (Vec::new(), Vec::new());
         for cpu in online_cpus() {
             rings.push(Ring::map(open_event(-1, cpu).ok()?).ok()?);
+            cpus.push(cpu);
         }
         let current = vec![None; rings.len()];
-        Some(Occupancy { rings, current, threads: HashMap::default(), scratch: Vec::new(), generation: 0 })
+        Some(Occupancy { rings, cpus, current, threads: HashMap::default(), scratch: Vec::new(), generation: 0 })
     }
 
     /// Take in the switches recorded since the last poll (memory only).
@@ -175,6 +178,19 @@ impl Occupancy {
             if lost || !whole {
                 self.forget(i);
             }
+        }
+    }
+
+    /// A sample taken on CPU `cpu` (the kernel sampler's, at its interrupt)
+    /// found `tid` running there. Where no switch of that CPU is known, that
+    /// is who runs there: a thread that holds its CPU from before the rings
+    /// opened never switches, and left it unknown, so no thread could be
+    /// proven off CPU while it spun (a thread asleep from the start of a
+    /// recording went unsampled until it woke). A switch there since is
+    /// in the ring and taken by the next poll, which every proof begins with.
+    pub fn saw_running(&mut self, cpu: u32, tid: i32) {
+        if let Some(i) = self.cpus.iter().position(|&c| c == cpu as i32) {
+            self.current[i].get_or_insert(tid);
         }
     }
 
@@ -263,8 +279,14 @@ mod tests {
         s.take(1, switch(7, false, 20));
         s.take(1, Record::Exit { pid: 1, tid: 7 });
         s.take(0, switch(7, true, 15));
-        let occ =
-            |threads: &HashMap<i32, Seen>| Occupancy { rings: Vec::new(), current: vec![None], threads: threads.clone(), scratch: Vec::new(), generation: 0 };
+        let occ = |threads: &HashMap<i32, Seen>| Occupancy {
+            rings: Vec::new(),
+            cpus: vec![0],
+            current: vec![None],
+            threads: threads.clone(),
+            scratch: Vec::new(),
+            generation: 0,
+        };
         assert!(occ(s.threads).ran_before(7, proof, u64::MAX), "a thread that ran and exited seen not running");
 
         // Lost records: everything known is forgotten, a new generation.
@@ -280,6 +302,20 @@ mod tests {
         let mut o = occ(s.threads);
         let proof = o.off_cpu(7).expect("a new thread with an old id, off CPU");
         assert!(!o.ran_before(7, proof, u64::MAX));
+    }
+
+    /// A CPU no switch is known of proves nothing, until a sample there
+    /// names who runs on it; one whose task is known keeps it.
+    #[test]
+    fn a_sample_names_the_task_of_a_cpu_that_never_switched() {
+        let mut o =
+            Occupancy { rings: Vec::new(), cpus: vec![0, 3], current: vec![None, Some(5)], threads: HashMap::default(), scratch: Vec::new(), generation: 0 };
+        assert_eq!(o.off_cpu(7), None, "CPU 0's task unknown");
+        o.saw_running(3, 9);
+        assert_eq!(o.current, [None, Some(5)], "a known task stays");
+        o.saw_running(0, 9);
+        assert!(o.off_cpu(7).is_some(), "both CPUs' tasks known, neither is 7");
+        assert_eq!(o.off_cpu(9), None, "9 runs on CPU 0");
     }
 
     /// A thread that blocked before the rings opened (so none of its own
