@@ -71,6 +71,26 @@ fn churn_callers(py: &Interpreter, sampler: &str) -> (u64, u64, u64, Option<Stri
     (pairs, wrong, gone, example, p)
 }
 
+/// spin_K samples and misnamed callers over every interpreter: torn reads
+/// are allowed a rate over all of them, judged once at the end.
+#[derive(Default)]
+struct Tally(std::sync::Mutex<(u64, u64, Vec<String>)>);
+
+impl Tally {
+    fn add(&self, pairs: u64, wrong: u64, example: Option<String>) {
+        let mut t = self.0.lock().unwrap();
+        t.0 += pairs;
+        t.1 += wrong;
+        t.2.extend(example);
+    }
+
+    fn judge(self, sampler: &str) {
+        let (pairs, wrong, examples) = self.0.into_inner().unwrap();
+        eprintln!("{sampler}: callers misnamed: {wrong} of {pairs}");
+        assert!(wrong * 2_000 <= pairs, "{sampler}: {wrong} of {pairs} samples name spin_K's caller wrong, e.g. {examples:?}");
+    }
+}
+
 /// `code_churn.py` makes a new code object `f_K` every round, mostly at the
 /// address the last round's `f_J` was freed from, and `f_K` calls `spin_K`.
 /// So `spin_K`'s caller must always be `f_K`; a cache that trusted the old
@@ -80,18 +100,13 @@ fn churn_callers(py: &Interpreter, sampler: &str) -> (u64, u64, u64, Option<Stri
 /// names every one.
 #[test]
 fn reused_code_addresses_never_name_the_old_function() {
-    let totals = std::sync::Mutex::new((0u64, 0u64, Vec::new()));
+    let tally = Tally::default();
     for_each_interpreter(|py| {
         let (pairs, wrong, gone, example, _) = churn_callers(py, "ptrace");
         assert_eq!(gone, 0, "{}: the ptrace sampler names every code object", py.label);
-        let mut t = totals.lock().unwrap();
-        t.0 += pairs;
-        t.1 += wrong;
-        t.2.extend(example);
+        tally.add(pairs, wrong, example);
     });
-    let (pairs, wrong, examples) = totals.into_inner().unwrap();
-    eprintln!("callers misnamed: {wrong} of {pairs}");
-    assert!(wrong * 2_000 <= pairs, "{wrong} of {pairs} samples name spin_K's caller wrong, e.g. {examples:?}");
+    tally.judge("ptrace");
 }
 
 /// The kernel sampler names code objects after the interrupt. Each `f_K`
@@ -105,7 +120,7 @@ fn reused_code_addresses_never_name_the_old_function() {
 /// load on 3.13: 1 in 3,700).
 #[test]
 fn the_kernel_sampler_never_names_a_gone_code_object_after_its_successor() {
-    let totals = std::sync::Mutex::new((0u64, 0u64, Vec::new()));
+    let tally = Tally::default();
     for_each_interpreter(|py| {
         let (pairs, wrong, gone, example, p) = churn_callers(py, "kernel");
         let k = &p.meta.sampling;
@@ -114,14 +129,9 @@ fn the_kernel_sampler_never_names_a_gone_code_object_after_its_successor() {
         }
         let counted = k.kernel.as_ref().map_or(0, |c| c.code_gone);
         assert!(gone > 0 && gone <= counted, "{}: {gone} callers shown gone, {counted} stacks counted so", py.label);
-        let mut t = totals.lock().unwrap();
-        t.0 += pairs;
-        t.1 += wrong;
-        t.2.extend(example);
+        tally.add(pairs, wrong, example);
     });
-    let (pairs, wrong, examples) = totals.into_inner().unwrap();
-    eprintln!("kernel: callers misnamed: {wrong} of {pairs}");
-    assert!(wrong * 2_000 <= pairs, "{wrong} of {pairs} samples name spin_K's caller wrong, e.g. {examples:?}");
+    tally.judge("kernel");
 }
 
 /// On a steady stack (three code objects), 3.12+ stop reading code objects

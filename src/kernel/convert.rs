@@ -16,8 +16,8 @@ use crate::python::interpreter::Interpreter;
 use crate::stack::Frame;
 
 use super::captured::Captured;
-use super::ident::IdentRule;
-use super::record::{FLAG_WORD_FAULT, Header, IDENT_BYTES, IDENT_NONE, MAX_FRAME_BYTES, MAX_FRAMES, NO_CFRAME, NO_FIELD, RECORD_DATA, TargetConfig};
+use super::ident::{IDENT_NONE, IdentRule};
+use super::record::{FLAG_WORD_FAULT, Header, IDENT_BYTES, MAX_FRAME_BYTES, MAX_FRAMES, NO_CFRAME, NO_FIELD, RECORD_DATA, TargetConfig};
 
 /// The frame that ends a stack deeper than the capture's bound.
 pub const TRUNCATED: &str = "[truncated]";
@@ -81,14 +81,7 @@ pub fn target_config(interp: &Interpreter, main_interp: u64) -> Option<TargetCon
         max_frames: (RECORD_DATA as u64 / (fb + IDENT_BYTES as u64)).min(MAX_FRAMES as u64) as u32,
         tracing_off: o.thread.tracing.map_or(NO_FIELD, |t| t as u32),
         code_off: o.frame.code as u32,
-        ident_kind: ident.kind,
-        ident_off: ident.off,
-        span_len: ident.span_len,
-        span_name: ident.span_name,
-        hash_off: ident.hash_off,
-        ascii_mask: ident.ascii_mask,
-        ascii_data: ident.ascii_data,
-        compact_data: ident.compact_data,
+        ident,
         pad: 0,
     })
 }

@@ -25,12 +25,17 @@ use crate::error::Result;
 use crate::offsets::Offsets;
 use crate::process::memory::{RemoteMemory, field_u64};
 
-use super::record::{IDENT_NAME, IDENT_NONE, IDENT_WORD};
+/// `IDENT_*` in capture.h: what the program reads.
+pub const IDENT_NONE: u32 = 0;
+pub const IDENT_WORD: u32 = 1;
+pub const IDENT_NAME: u32 = 2;
 
 /// The program's `IDENT_SPAN` less one word (its mask keeps lengths below it).
 const SPAN_MAX: u64 = 56;
 
-/// The `struct target` fields that say what to read.
+/// The `struct target` fields that say what to read (`ident_kind` to
+/// `compact_data`, in their order: `TargetConfig` holds it as they are).
+#[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct IdentRule {
     pub kind: u32,

@@ -3,6 +3,8 @@
 
 use crate::process::memory::{field_u32, field_u64};
 
+use super::ident::IdentRule;
+
 /// A read in the capture failed (a page not resident: an interrupt cannot
 /// fault it in); the chain ends at the last frame copied.
 pub const FLAG_FAULT: u16 = 1;
@@ -16,11 +18,6 @@ pub const FLAG_WORD_FAULT: u16 = 8;
 pub const NO_CFRAME: u32 = u32::MAX;
 /// A thread-state field this version lacks.
 pub const NO_FIELD: u32 = u32::MAX;
-/// `IDENT_*`: what the program reads to tell a code object from a later one
-/// at its address (see `kernel::ident`).
-pub const IDENT_NONE: u32 = 0;
-pub const IDENT_WORD: u32 = 1;
-pub const IDENT_NAME: u32 = 2;
 /// Each frame in a record is followed by its code object's ident word.
 pub const IDENT_BYTES: usize = 8;
 /// Bytes the program may copy of one frame (`MAX_FRAME_BYTES` - 8).
@@ -46,14 +43,8 @@ pub struct TargetConfig {
     pub max_frames: u32,
     pub tracing_off: u32,
     pub code_off: u32,
-    pub ident_kind: u32,
-    pub ident_off: u32,
-    pub span_len: u32,
-    pub span_name: u32,
-    pub hash_off: u32,
-    pub ascii_mask: u32,
-    pub ascii_data: u32,
-    pub compact_data: u32,
+    /// `ident_kind` through `compact_data`, in their order.
+    pub ident: IdentRule,
     pub pad: u32,
 }
 
