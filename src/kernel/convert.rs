@@ -47,6 +47,8 @@ pub struct Converter {
     mem: Captured,
     ident: IdentRule,
     gone: Arc<CodeInfo>,
+    /// This record's walk was handed `gone` for some code object.
+    stood_in: bool,
     interp: u64,
 }
 
@@ -106,6 +108,7 @@ impl Converter {
             mem: Captured::default(),
             ident: IdentRule::for_offsets(&interp.offsets),
             gone: Arc::new(CodeInfo { name: CODE_GONE.into(), filename: "".into(), firstlineno: 0, linetable: Box::new([]), first_traceable: 0, shim: false }),
+            stood_in: false,
             interp: main_interp,
         }
     }
@@ -124,6 +127,7 @@ impl Converter {
     fn resolve(&mut self, live: &VmReader) {
         let (code_off, mask) = (self.offsets.frame.code as usize, self.offsets.constants.executable_tag_mask);
         let mut last = 0;
+        self.stood_in = false;
         for i in 0..self.mem.frames() {
             let Some((frame, captured)) = self.mem.copy(i) else { break };
             let code = field_u64(frame, code_off) & !mask;
@@ -144,11 +148,18 @@ impl Converter {
             if !kept {
                 if self.codes.is_code(live, &self.offsets, code) {
                     self.codes.stand_in(code, self.gone.clone());
+                    self.stood_in = true;
                 } else {
                     self.codes.refuse(code);
                 }
             }
         }
+    }
+
+    /// Whether `out`, the last record's stack, shows a code object as gone
+    /// (a stand-in made for a frame the rules then hid shows nothing).
+    pub fn shows_gone(&self, out: &[Frame]) -> bool {
+        self.stood_in && out.iter().any(|f| Arc::ptr_eq(&f.function, &self.gone.name))
     }
 
     /// Turn record `h` (its frames in `frames`) into `out`, innermost first.

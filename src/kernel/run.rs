@@ -267,7 +267,7 @@ pub fn run(
             let a = sessions[p.session].attached();
             let mut is_torn = false;
             let stack = p.target.converter.stack(&h, &rec[HEADER_LEN..], &a.mem, &mut frames);
-            ks.counts.code_gone += u64::from(stack.is_ok() && frames.iter().any(|f| &*f.function == super::convert::CODE_GONE));
+            ks.counts.code_gone += u64::from(stack.is_ok() && p.target.converter.shows_gone(&frames));
             match stack {
                 Ok(Outcome::Stack) => {}
                 Ok(Outcome::MidPush) => ks.counts.mid_push += 1,
