@@ -320,8 +320,8 @@ class PyProf(Profiler):
 
     def __init__(self, native=False, nonblocking=False, kernel=False):
         self.native, self.nonblocking, self.kernel = native, nonblocking, kernel
-        self.name = ("pyprof --native" if native else "pyprof --nonblocking" if nonblocking
-                     else "pyprof --sampler kernel" if kernel else "pyprof")
+        self.name = ("pyprof --native --sampler kernel" if native and kernel else "pyprof --native" if native
+                     else "pyprof --nonblocking" if nonblocking else "pyprof --sampler kernel" if kernel else "pyprof")
 
     def command(self, target, rate, secs, out):
         # -v: the diagnostics after the summary report reads per tick and,
@@ -1537,7 +1537,7 @@ def matrix(args, tmp):
     profs = []
     if args.native:
         # --native: merged C + Python stacks; only pyprof and py-spy do this in one tool
-        profs.append(PyProf(native=True))
+        profs += [PyProf(native=True), PyProf(native=True, kernel=True)]
         if os.path.exists(os.path.join(TOOLS, "py-spy")):
             profs.append(PySpy(blocking=True, native=True))
     for name in ([] if args.native else args.profilers.split(",")):

@@ -131,7 +131,7 @@ impl AttachArgs {
         });
         let threads = crate::thread_filter::ThreadFilter::new(&self.thread, self.main_thread);
         let extras = crate::python::snapshot::Extras { gc: !self.no_gc, exception: false };
-        SessionOptions { runtime_method: self.runtime_method, native, sampling, asyncio, threads, extras }
+        SessionOptions { runtime_method: self.runtime_method, native, sampling, asyncio, threads, extras, eval_groups: false }
     }
 }
 

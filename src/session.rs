@@ -53,6 +53,9 @@ pub struct SessionOptions {
     pub threads: crate::thread_filter::ThreadFilter,
     /// What snapshots read besides the stacks: `<GC>` frames, exception state.
     pub extras: crate::python::snapshot::Extras,
+    /// Keep each thread's eval-loop groups without `native` (the kernel
+    /// sampler's `--native` merges the stacks its wall mode reads itself).
+    pub eval_groups: bool,
 }
 
 pub struct Session {
@@ -118,6 +121,9 @@ impl Session {
         // `<GC>` frames (meta.gc_samples says so) rather than failing.
         let gc_frame = (opts.extras.gc && offsets.gc.is_some()).then(|| Frame::marker("<GC>", FrameKind::Gc));
         python.read_extras(opts.extras);
+        if opts.eval_groups {
+            python.keep_groups();
+        }
         let native = match &opts.native {
             Some(o) => {
                 python.keep_groups();
@@ -239,6 +245,16 @@ impl Session {
     /// version says where the collector's flag is).
     pub fn gc_frames(&self) -> bool {
         self.gc_frame.is_some()
+    }
+
+    /// Eval-loop groups of thread `i` of the last snapshot (`--native`, `eval_groups`).
+    pub fn groups(&self, i: usize) -> &[crate::stack::EvalGroup] {
+        self.python.groups(i)
+    }
+
+    /// The threads the next snapshot walks.
+    pub fn selected_threads(&self) -> &crate::thread_filter::ThreadFilter {
+        self.python.selected()
     }
 
     /// Walk only the threads `filter` selects from the next snapshot on

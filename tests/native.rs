@@ -299,7 +299,9 @@ fn record_native_keeps_c_frames_in_every_format_and_reports_the_pause() {
     let target = interp.spawn("native_qsort.py", &[]);
     let dir = temp_dir("record-native");
     let json = dir.join("out.json");
-    let out = pyprof(&["record", "--native", "-v", "--pid", &target.pid().to_string(), "-r", "200", "-d", "1", "-o", json.to_str().unwrap()]);
+    // The ptrace sampler's pause is the subject (the kernel sampler's --native stops nothing).
+    let out =
+        pyprof(&["record", "--native", "--sampler", "ptrace", "-v", "--pid", &target.pid().to_string(), "-r", "200", "-d", "1", "-o", json.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let line = stderr.lines().find(|l| l.contains("native:")).unwrap_or_else(|| panic!("no native summary with -v: {stderr}"));
@@ -316,7 +318,21 @@ fn record_native_keeps_c_frames_in_every_format_and_reports_the_pause() {
     assert!(frames.iter().any(|f| f["kind"] == "python" && f["function"] == "compare"));
     // Collapsed: C frames appear in the same stacks as Python ones, root first.
     let folded = dir.join("out.folded");
-    let out = pyprof(&["record", "--native", "--pid", &target.pid().to_string(), "-r", "200", "-d", "1", "-q", "-o", folded.to_str().unwrap()]);
+    let out = pyprof(&[
+        "record",
+        "--native",
+        "--sampler",
+        "ptrace",
+        "--pid",
+        &target.pid().to_string(),
+        "-r",
+        "200",
+        "-d",
+        "1",
+        "-q",
+        "-o",
+        folded.to_str().unwrap(),
+    ]);
     assert!(out.status.success());
     let text = std::fs::read_to_string(&folded).unwrap();
     // The most frequent one: a sample whose thread could not be held in
@@ -366,13 +382,25 @@ fn a_target_traced_by_someone_else_gets_a_clear_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
     assert!(stderr.contains("already traced by pid"), "{stderr}");
-    // record fails up front the same way instead of recording nothing.
+    // record with the ptrace sampler fails up front the same way instead of recording nothing.
     let dir = temp_dir("traced");
-    let out = pyprof(&["record", "--native", "--pid", &main.to_string(), "-d", "1", "-o", dir.join("x.json").to_str().unwrap()]);
+    let out = pyprof(&["record", "--native", "--sampler", "ptrace", "--pid", &main.to_string(), "-d", "1", "-o", dir.join("x.json").to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("already traced by pid") && stderr.trim().lines().count() == 1, "{stderr}");
     assert!(!dir.join("x.json").exists(), "no profile for a recording that never started");
+    // The kernel sampler (the default where allowed) stops nothing, so a
+    // tracer in the way is no obstacle: C frames all the same.
+    let out = pyprof(&["record", "--native", "--mode", "cpu", "--pid", &main.to_string(), "-d", "1", "-f", "json", "-o", dir.join("k.json").to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let p: Value = serde_json::from_slice(&std::fs::read(dir.join("k.json")).unwrap()).unwrap();
+    if kernel_ran(p["meta"]["sampling"]["method"].as_str().unwrap_or(""), &stderr, "traced") {
+        assert!(
+            p["frames"].as_array().unwrap().iter().any(|f| f["kind"] == "native" && f["function"].as_str().unwrap().contains("qsort")),
+            "no C frames: {stderr}"
+        );
+    }
     // Exact sampling holds the GIL holder still, with ptrace too: refused
     // the same way, pointing at the way that never stops a thread ...
     let out = pyprof(&["dump", "--pid", &main.to_string()]);
@@ -382,4 +410,114 @@ fn a_target_traced_by_someone_else_gets_a_clear_error() {
     // ... which needs no ptrace and works.
     let out = pyprof(&["dump", "--nonblocking", "--pid", &main.to_string()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `--native` under the kernel sampler, on every interpreter: the
+/// registers and stack the program copies at the interrupt unwind into the
+/// same merged stack a held thread gives, in call order, with nothing
+/// stopped (`meta.sampling.method` is the kernel's). In wall mode the
+/// threads on no CPU are unwound from the registers they left their CPU
+/// with: the sleeper (asleep since before the recording: registers from
+/// /proc) and, sharing its CPU with a spinner, the main thread, often
+/// preempted (registers the program kept at the switch).
+#[test]
+fn kernel_sampler_merges_native_stacks_without_stopping() {
+    for_each_interpreter(|interp| {
+        let label = &interp.label;
+        let pin = |argv: Vec<String>| -> Vec<String> { ["taskset", "-c", "0"].iter().map(|s| s.to_string()).chain(argv).collect() };
+        let target = spawn_argv(label, &pin(interp.argv("native_qsort.py", &[])));
+        let (main, sleeper) = ids(&target);
+        let dir = temp_dir("kernel-native");
+        for mode in ["cpu", "wall"] {
+            let spinner = (mode == "wall").then(|| spawn_argv(label, &pin(vec!["sh".into(), "-c".into(), "echo ready; while :; do :; done".into()])));
+            let json = dir.join(format!("{mode}.json"));
+            let argv = ["taskset", "-c", "1", pyprof_bin()];
+            let mut cmd = std::process::Command::new(argv[0]);
+            cmd.args(&argv[1..]).args([
+                "record",
+                "--native",
+                "--mode",
+                mode,
+                "--sampler",
+                "kernel",
+                "-v",
+                "--pid",
+                &target.pid().to_string(),
+                "-r",
+                "500",
+                "-d",
+                "1",
+                "-o",
+                json.to_str().unwrap(),
+            ]);
+            let out = output_within(cmd, std::time::Duration::from_secs(60));
+            drop(spinner);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "[{label} {mode}] {stderr}");
+            let profile: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+            if !kernel_ran(profile["meta"]["sampling"]["method"].as_str().unwrap_or(""), &stderr, label) {
+                return;
+            }
+            let line = stderr.lines().find(|l| l.contains("native:")).unwrap_or_else(|| panic!("[{label} {mode}] no native summary: {stderr}"));
+            let table = profile["frames"].as_array().unwrap();
+            let threads = profile["threads"].as_array().unwrap();
+            let of = |tid: i64| -> Vec<(u64, Vec<&Value>)> {
+                let stacks = profile["stacks"].as_array().unwrap().iter().filter(|s| threads[s["thread"].as_u64().unwrap() as usize]["native_id"] == tid);
+                stacks
+                    .map(|s| (s["count"].as_u64().unwrap(), s["frames"].as_array().unwrap().iter().map(|i| &table[i.as_u64().unwrap() as usize]).collect()))
+                    .collect()
+            };
+            let show = |f: &[&Value]| {
+                f.iter().map(|f| format!("{}:{}", f["function"].as_str().unwrap(), f["file"].as_str().unwrap_or(""))).collect::<Vec<_>>().join(" > ")
+            };
+            let py = |name: &'static str| move |x: &&Value| x["kind"] == "python" && x["function"] == name;
+            let unread = |f: &[&Value]| f.iter().any(|x| x["function"] == "[native registers not read]");
+            let spins = of(main);
+            let total: u64 = spins.iter().map(|s| s.0).sum();
+            assert!(total >= 200, "[{label} {mode}] {total} samples of the spinning thread at 500 Hz over 1 s: {stderr}");
+            // Registers are unknown only for a thread preempted since
+            // before the program ran, until its next switch.
+            let unknown: u64 = spins.iter().filter(|s| unread(&s.1)).map(|s| s.0).sum();
+            assert!(unknown * 50 <= total, "[{label} {mode}] {unknown} of {total} without registers\n{line}");
+            // Every other sample (but those of wall mode's reads that the
+            // thread ran during, counted as moved): none may lack C frames
+            // or show them out of order.
+            let moved = |f: &[&Value]| f.len() == 1 && f[0]["function"] == "[stack moved while read]";
+            for (n, f) in spins.iter().filter(|s| !unread(&s.1) && !moved(&s.1)) {
+                let at = |what: &str, pred: &dyn Fn(&&Value) -> bool| {
+                    f.iter().position(pred).unwrap_or_else(|| panic!("[{label} {mode}] no {what} in {n} samples: {}\n{line}", show(f)))
+                };
+                let order = [
+                    at("sort_numbers", &py("sort_numbers")),
+                    at("libc qsort", &|x| x["kind"] == "native" && x["file"] == "libc.so.6" && x["function"].as_str().unwrap().contains("qsort")),
+                    at("compare", &py("compare")),
+                    at("spin", &py("spin")),
+                ];
+                assert!(order.windows(2).all(|w| w[0] < w[1]), "[{label} {mode}] root-first order wrong: {}", show(f));
+                assert!(f.iter().all(|x| !x["function"].as_str().unwrap().starts_with('[')), "[{label} {mode}] a marker: {}", show(f));
+            }
+            if mode == "wall" {
+                let sleeps = of(sleeper);
+                assert!(!sleeps.is_empty(), "[{label}] the sleeper unsampled in wall mode");
+                for (_, f) in sleeps.iter().filter(|s| !moved(&s.1)) {
+                    // 3.8-3.10 sleep with select(), later versions with clock_nanosleep().
+                    let sleep = f.iter().rposition(|x| {
+                        x["kind"] == "native" && x["file"] == "libc.so.6" && ["sleep", "select"].iter().any(|w| x["function"].as_str().unwrap().contains(w))
+                    });
+                    let leaf = f.iter().position(py("sleeper_leaf"));
+                    assert!(matches!((leaf, sleep), (Some(l), Some(s)) if l < s), "[{label}] the sleeper's C frames: {}", show(f));
+                    // Asleep since before the recording, its frame pointer is
+                    // unknown: a build whose CFI needs it (frame pointers) cuts
+                    // the unwind there, marked, with the Python frames kept.
+                    let truncated = |x: &&Value| x["function"] == "[truncated native stack]";
+                    let c = &f[leaf.unwrap() + 1..];
+                    assert!(
+                        c.iter().all(|x| x["kind"] == "native" && (!x["function"].as_str().unwrap().starts_with('[') || truncated(x))),
+                        "[{label}] nothing but C below sleeper_leaf: {}",
+                        show(f)
+                    );
+                }
+            }
+        }
+    });
 }

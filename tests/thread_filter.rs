@@ -104,8 +104,12 @@ fn a_read_done_again_keeps_each_threads_own_name() {
         let (pid, blocked) = (target.pid().to_string(), tid_of(&report, "blocked").to_string());
         let argv = pin("1", vec![pyprof_bin().to_string()]);
         let mut cmd = std::process::Command::new(&argv[0]);
+        // The ptrace sampler's read done again is the subject (under the
+        // kernel sampler nothing is stopped, nothing read again).
         cmd.args(&argv[1..]).args([
             "record",
+            "--sampler",
+            "ptrace",
             "--pid",
             &pid,
             "-r",
@@ -141,6 +145,10 @@ fn record_samples_only_the_selected_threads() {
         let blocked = tid_of(&report, "blocked").to_string();
         let p = record(&py.label, pid, "0.5", &dir.join("named.json"), &["--thread", "sl*", "--thread", &blocked]);
         assert_eq!(sampled_threads(&p), set(&[("sleeper", tid_of(&report, "sleeper")), ("blocked", tid_of(&report, "blocked"))]), "{}", py.label);
+        // The default sampler: the kernel's where it runs, whose two halves
+        // (threads off CPU read from user space, the spinner at the
+        // interrupt) both keep to the selection.
+        kernel_ran(&p.meta.sampling.method, "", &py.label);
         assert!(p.meta.samples >= 10, "{}: {} samples", py.label, p.meta.samples);
         // Real stacks, not just the right names.
         let has = |name: &str| p.stacks.iter().any(|s| s.frames.iter().any(|&f| p.frames[f as usize].function == name));

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::kernel::choose::{SamplerChoice, Wanted, choose};
+use crate::kernel::choose::SamplerChoice;
 use crate::sampler::{self, Mode, Sample, SamplerStats, SamplingConfig, Sink};
 use crate::session::SessionOptions;
 use discover::{Finder, Selection};
@@ -118,21 +118,7 @@ pub fn run(cfg: &AgentConfig, exporters: Vec<Box<dyn Exporter>>) -> anyhow::Resu
     let stop = Arc::new(AtomicBool::new(false));
     let budget = budget::Budget::new(cfg.rate_hz, cfg.max_cpu);
 
-    let wanted = Wanted {
-        mode: cfg.mode,
-        rate_hz: cfg.rate_hz,
-        native: cfg.attach.native.is_some(),
-        asyncio: cfg.attach.asyncio.is_some(),
-        thread_filter: !cfg.attach.threads.is_all(),
-    };
-    let (mut kernel, note) = choose(cfg.sampler, &wanted);
-    // Under the kernel sampler nothing is stopped: targets are attached
-    // without a probe stop, and wall mode's user-space half reads threads
-    // proven off CPU, lock-free.
-    let attach = match kernel {
-        Some(_) => SessionOptions { sampling: crate::session::Sampling::Nonblocking, ..cfg.attach.clone() },
-        None => cfg.attach.clone(),
-    };
+    let (mut kernel, attach, note) = crate::kernel::choose::for_sessions(cfg.sampler, cfg.mode, cfg.rate_hz, &cfg.attach);
     counters.lock().sampler = match (&kernel, attach.sampling) {
         (Some(_), _) => "kernel",
         (None, crate::session::Sampling::Nonblocking) => "nonblocking",

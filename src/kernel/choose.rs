@@ -4,6 +4,8 @@
 
 use crate::sampler::Mode;
 
+use crate::session::{Sampling, SessionOptions};
+
 use super::loader::{KernelSampler, MAX_RATE_HZ};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -19,13 +21,18 @@ pub enum SamplerChoice {
 }
 
 /// What the recording asks for that the kernel sampler must support.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Wanted {
     pub mode: Mode,
     pub rate_hz: f64,
-    pub native: bool,
+    pub native: Option<crate::native::NativeOptions>,
     pub asyncio: bool,
-    pub thread_filter: bool,
+}
+
+impl Wanted {
+    pub fn of(mode: Mode, rate_hz: f64, attach: &SessionOptions) -> Wanted {
+        Wanted { mode, rate_hz, native: attach.native.clone(), asyncio: attach.asyncio.is_some() }
+    }
 }
 
 /// Why the kernel sampler cannot do this recording, if it cannot.
@@ -43,13 +50,7 @@ fn unsupported(w: &Wanted) -> Option<&'static str> {
         Mode::Wall => {}
         Mode::Exception => return Some("--mode exception is not supported by it"),
     }
-    [
-        (w.native, "--native is not supported by it"),
-        (w.asyncio, "--async is not supported by it"),
-        (w.thread_filter, "--thread/--main-thread are not supported by it"),
-    ]
-    .into_iter()
-    .find_map(|(on, why)| on.then_some(why))
+    [(w.asyncio, "--async is not supported by it")].into_iter().find_map(|(on, why)| on.then_some(why))
 }
 
 /// The kernel sampler, loaded and attached, or None (ptrace then); with
@@ -64,7 +65,7 @@ pub fn choose(choice: SamplerChoice, w: &Wanted) -> (Option<KernelSampler>, Opti
             if let Some(why) = unsupported(w) {
                 return (None, if choice == SamplerChoice::Kernel { note(why) } else { None });
             }
-            match KernelSampler::open(w.rate_hz) {
+            match KernelSampler::open(w.rate_hz, w.native.clone()) {
                 Ok(k) => (Some(k), None),
                 Err(r) => (None, note(&r.why)),
             }
@@ -72,12 +73,25 @@ pub fn choose(choice: SamplerChoice, w: &Wanted) -> (Option<KernelSampler>, Opti
     }
 }
 
+/// [`choose`] for sessions attached with `attach`: also the options to
+/// attach them with. Under the kernel sampler nothing is stopped: no probe
+/// stop at the attach, wall mode's user-space half reads threads proven
+/// off CPU lock-free, and `--native` is the program's, not the session's.
+pub fn for_sessions(choice: SamplerChoice, mode: Mode, rate_hz: f64, attach: &SessionOptions) -> (Option<KernelSampler>, SessionOptions, Option<String>) {
+    let (kernel, note) = choose(choice, &Wanted::of(mode, rate_hz, attach));
+    let attach = match kernel {
+        Some(_) => SessionOptions { sampling: Sampling::Nonblocking, native: None, eval_groups: attach.native.is_some(), ..attach.clone() },
+        None => attach.clone(),
+    };
+    (kernel, attach, note)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn wanted(mode: Mode, rate_hz: f64) -> Wanted {
-        Wanted { mode, rate_hz, native: false, asyncio: false, thread_filter: false }
+        Wanted { mode, rate_hz, native: None, asyncio: false }
     }
 
     /// What auto passes over for ptrace, before the kernel is asked: the
@@ -88,15 +102,14 @@ mod tests {
         assert_eq!(unsupported(&wanted(Mode::Cpu, 100_000.0)), None);
         assert!(unsupported(&wanted(Mode::Cpu, 1_000_000.0)).is_some_and(|w| w.contains("100 kHz")));
         assert!(unsupported(&wanted(Mode::Exception, 100.0)).is_some());
-        for w in [
-            Wanted { native: true, ..wanted(Mode::Cpu, 100.0) },
-            Wanted { asyncio: true, ..wanted(Mode::Cpu, 100.0) },
-            Wanted { thread_filter: true, ..wanted(Mode::Cpu, 100.0) },
-        ] {
-            assert!(unsupported(&w).is_some(), "{w:?}");
-            // Asked for by name, refused with why; under auto, silently ptrace.
-            assert!(choose(SamplerChoice::Kernel, &w).1.is_some_and(|n| n.contains("not supported")));
-            assert!(choose(SamplerChoice::Auto, &w).1.is_none());
+        let w = Wanted { asyncio: true, ..wanted(Mode::Cpu, 100.0) };
+        assert!(unsupported(&w).is_some(), "{w:?}");
+        // Asked for by name, refused with why; under auto, silently ptrace.
+        assert!(choose(SamplerChoice::Kernel, &w).1.is_some_and(|n| n.contains("not supported")));
+        assert!(choose(SamplerChoice::Auto, &w).1.is_none());
+        // --native is the program's own, in every mode it has.
+        for mode in [Mode::Wall, Mode::Cpu, Mode::Gil] {
+            assert_eq!(unsupported(&Wanted { native: Some(Default::default()), ..wanted(mode, 1000.0) }), None);
         }
     }
 }

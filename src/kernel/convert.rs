@@ -156,6 +156,11 @@ impl Converter {
         }
     }
 
+    /// The eval-loop groups of the last record's stack (for `--native`).
+    pub fn groups(&self) -> &[crate::stack::EvalGroup] {
+        &self.walker.groups
+    }
+
     /// Whether `out`, the last record's stack, shows a code object as gone
     /// (a stand-in made for a frame the rules then hid shows nothing).
     pub fn shows_gone(&self, out: &[Frame]) -> bool {

@@ -7,11 +7,11 @@
 use std::os::fd::OwnedFd;
 
 use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
-use aya::programs::PerfEvent;
 use aya::programs::perf_event::{PerfEventLinkId, PerfEventScope, PerfTypeId, SamplePolicy, perf_sw_ids};
+use aya::programs::{PerfEvent, RawTracePoint};
 use aya::{Ebpf, EbpfLoader};
 
-use super::record::TargetConfig;
+use super::record::{Left, TargetConfig};
 
 /// The program, built by scripts/build-bpf.sh from bpf/capture.bpf.c.
 static OBJECT: &[u8] = aya::include_bytes_aligned!("bpf/capture.bpf.o");
@@ -49,11 +49,22 @@ pub struct KernelSampler {
     threads: HashMap<MapData, u32, u64>,
     counts: PerCpuArray<MapData, u64>,
     ring: RingBuf<MapData>,
+    /// `--native`: host tid → the user registers it last left its CPU with.
+    left: HashMap<MapData, u32, Left>,
     /// One perf event per online CPU: (cpu, its link).
     links: Vec<(u32, PerfEventLinkId)>,
     rate_hz: f64,
+    /// `--native`: the program copies registers and stack with each record.
+    native: Option<crate::native::NativeOptions>,
     /// Keeps `kernel.bpf_stats_enabled` on while we run (None: refused).
     _stats: Option<OwnedFd>,
+}
+
+/// The ring's size under `--native` (a power of two): 64 MiB.
+const NATIVE_RING_BYTES: u32 = 64 << 20;
+
+fn program(native: &Option<crate::native::NativeOptions>) -> &'static str {
+    if native.is_some() { "capture_native" } else { "capture" }
 }
 
 fn period_ns(rate_hz: f64) -> u64 {
@@ -72,17 +83,29 @@ fn attach(prog: &mut PerfEvent, cpu: u32, rate_hz: f64) -> Result<PerfEventLinkI
 }
 
 impl KernelSampler {
-    /// Load and attach at `rate_hz` per CPU. Any refusal (no rights, no BPF,
-    /// an old kernel, a verifier that disagrees) is a [`Refused`], never a panic.
-    pub fn open(rate_hz: f64) -> Result<KernelSampler, Refused> {
+    /// Load and attach at `rate_hz` per CPU; with `native`, the program
+    /// that copies each sampled thread's registers and stack too. Any
+    /// refusal (no rights, no BPF, an old kernel, a verifier that
+    /// disagrees) is a [`Refused`], never a panic.
+    pub fn open(rate_hz: f64, native: Option<crate::native::NativeOptions>) -> Result<KernelSampler, Refused> {
         if !(rate_hz.is_finite() && rate_hz > 0.0) {
             return Err(Refused { why: format!("rate {rate_hz} Hz") });
         }
         // Before loading: run times are counted only while stats are on.
         let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
-        let mut bpf = EbpfLoader::new().load(OBJECT).map_err(|e| refused("loading the BPF program", e))?;
+        let mut loader = EbpfLoader::new();
+        if native.is_some() {
+            let cpus = aya::util::nr_cpus().map_err(|(what, e)| refused(what, e))?;
+            // A slot per CPU, indexed by the CPU the program runs on; and
+            // room for a drain's worth of records some 64 KiB larger.
+            loader.set_max_entries("NATIVE_SCRATCH", cpus as u32).set_max_entries("RECORDS", NATIVE_RING_BYTES);
+        } else {
+            // Unused: no need for its 65,536 preallocated entries.
+            loader.set_max_entries("LEFT", 64);
+        }
+        let mut bpf = loader.load(OBJECT).map_err(|e| refused("loading the BPF program", e))?;
         let prog: &mut PerfEvent = bpf
-            .program_mut("capture")
+            .program_mut(program(&native))
             .ok_or_else(|| Refused { why: "BPF object has no capture program".into() })?
             .try_into()
             .map_err(|e| refused("BPF program type", e))?;
@@ -92,12 +115,27 @@ impl KernelSampler {
         for cpu in cpus {
             links.push((cpu, attach(prog, cpu, rate_hz)?));
         }
+        if native.is_some() {
+            let sw: &mut RawTracePoint = bpf
+                .program_mut("switch_out")
+                .ok_or_else(|| Refused { why: "BPF object has no switch_out program".into() })?
+                .try_into()
+                .map_err(|e| refused("BPF program type", e))?;
+            sw.load().map_err(|e| refused("the kernel refused the BPF program switch_out", e))?;
+            sw.attach("sched_switch").map_err(|e| refused("attaching to sched_switch", e))?;
+        }
         let take = |bpf: &mut Ebpf, name: &str| bpf.take_map(name).ok_or_else(|| Refused { why: format!("BPF object has no map {name}") });
         let targets = HashMap::try_from(take(&mut bpf, "TARGETS")?).map_err(|e| refused("TARGETS", e))?;
         let threads = HashMap::try_from(take(&mut bpf, "THREADS")?).map_err(|e| refused("THREADS", e))?;
         let counts = PerCpuArray::try_from(take(&mut bpf, "COUNTS")?).map_err(|e| refused("COUNTS", e))?;
         let ring = RingBuf::try_from(take(&mut bpf, "RECORDS")?).map_err(|e| refused("RECORDS", e))?;
-        Ok(KernelSampler { bpf, targets, threads, counts, ring, links, rate_hz, _stats: stats })
+        let left = HashMap::try_from(take(&mut bpf, "LEFT")?).map_err(|e| refused("LEFT", e))?;
+        Ok(KernelSampler { bpf, targets, threads, counts, ring, left, links, rate_hz, native, _stats: stats })
+    }
+
+    /// `--native`'s options, when the program copies native stacks.
+    pub fn native(&self) -> Option<&crate::native::NativeOptions> {
+        self.native.as_ref()
     }
 
     pub fn rate_hz(&self) -> f64 {
@@ -112,7 +150,7 @@ impl KernelSampler {
         }
         let prog: &mut PerfEvent = self
             .bpf
-            .program_mut("capture")
+            .program_mut(program(&self.native))
             .ok_or_else(|| Refused { why: "BPF object has no capture program".into() })?
             .try_into()
             .map_err(|e| refused("BPF program type", e))?;
@@ -131,6 +169,13 @@ impl KernelSampler {
 
     pub fn remove_target(&mut self, pid: u32) {
         let _ = self.targets.remove(&pid);
+    }
+
+    /// `--native`: the user registers host thread `tid` last left its CPU
+    /// with (ip, sp, bp), if it did so while the program ran.
+    pub fn left_cpu_with(&self, tid: u32) -> Option<crate::stack::Regs> {
+        let l = self.left.get(&tid, 0).ok()?;
+        Some(crate::stack::Regs { ip: l.ip, sp: l.sp, bp: l.bp })
     }
 
     pub fn set_thread(&mut self, tid: u32, tstate: u64) -> crate::error::Result<()> {

@@ -15,6 +15,7 @@ pub mod choose;
 pub mod convert;
 pub mod ident;
 pub mod loader;
+pub mod native;
 pub mod off_cpu;
 pub mod record;
 pub mod run;

@@ -28,6 +28,8 @@ use crate::session::Session;
 use crate::stack::ThreadStack;
 use crate::thread_filter::ThreadFilter;
 
+use super::loader::KernelSampler;
+use super::native::KernelNative;
 use super::target::KernelTarget;
 
 /// The user-space clock of wall mode: tick `k` is due at `start + k·period`
@@ -170,7 +172,14 @@ pub struct Carry {
 /// from `session` without stopping any thread, only those that may have
 /// moved. Threads not proven off are the perf events' to sample. Returns
 /// how the read went (one lock-free snapshot, or none when all carry).
-pub fn read(session: &mut Session, proven: &Proven, needs: SnapshotNeeds, carry: &mut Carry, emit: &mut dyn FnMut(OffCpu)) -> Result<Counters> {
+pub fn read(
+    session: &mut Session,
+    proven: &Proven,
+    needs: SnapshotNeeds,
+    carry: &mut Carry,
+    mut native: Option<(&mut KernelNative, &KernelSampler)>,
+    emit: &mut dyn FnMut(OffCpu),
+) -> Result<Counters> {
     if carry.generation != proven.generation {
         carry.stacks.clear();
         carry.generation = proven.generation;
@@ -196,7 +205,14 @@ pub fn read(session: &mut Session, proven: &Proven, needs: SnapshotNeeds, carry:
         carry.stacks.remove(&(*tid as u32));
     }
     session.select_threads(ThreadFilter { tids: fresh, ..ThreadFilter::default() });
-    let taken = session.snapshot_alone(needs)?;
+    let mut taken = session.snapshot_alone(needs)?;
+    if let Some((n, k)) = native.as_mut() {
+        // Within the proof: what the C stack was is proven as the Python frames are.
+        let (pid, mem) = (session.pid(), &session.attached().mem);
+        for (i, t) in taken.threads.iter().enumerate() {
+            n.unwind_off_cpu(k, pid, t.native_id.unwrap_or(0), mem, i);
+        }
+    }
     let end = crate::process::monotonic_ns();
     let ran: Vec<bool> = crate::process::occupancy::with(|o| {
         o.poll();
@@ -204,11 +220,19 @@ pub fn read(session: &mut Session, proven: &Proven, needs: SnapshotNeeds, carry:
     })
     .unwrap_or_else(|| vec![true; off.len()]);
     // A thread's `native_id` is the host's (as the snapshot gives it).
-    for t in &taken.threads {
+    for (slot, t) in taken.threads.iter_mut().enumerate() {
         let Some(&i) = t.native_id.and_then(|host| index.get(&host)) else { continue };
         if ran[i] || t.torn {
             emit(OffCpu::Moved(t));
         } else {
+            if let Some((n, _)) = native.as_mut() {
+                // The session put `<GC>` on top; the groups count the walk's frames.
+                let gc = (t.in_gc && session.gc_frames()).then(|| t.frames.remove(0));
+                n.merge_off_cpu(slot, &mut t.frames, session.groups(slot));
+                if let Some(f) = gc {
+                    t.frames.insert(0, f);
+                }
+            }
             carry.stacks.insert(off[i].0, (off[i].1, t.clone()));
             emit(OffCpu::Stack(t));
         }

@@ -14,6 +14,10 @@ pub const FLAG_TRUNCATED: u16 = 2;
 pub const FLAG_NO_TSTATE: u16 = 4;
 /// A GIL, GC or `tracing` word could not be read.
 pub const FLAG_WORD_FAULT: u16 = 8;
+/// `--native`: a [`NativeTail`] follows the frames.
+pub const FLAG_NATIVE: u16 = 16;
+/// `--native`: the user registers could not be read; the tail is empty.
+pub const FLAG_NO_REGS: u16 = 32;
 
 pub const NO_CFRAME: u32 = u32::MAX;
 /// A thread-state field this version lacks.
@@ -52,6 +56,18 @@ const _: () = assert!(std::mem::size_of::<TargetConfig>() == 96);
 
 // SAFETY: plain integers, repr(C), no padding (checked above).
 unsafe impl aya::Pod for TargetConfig {}
+
+/// `struct left`: the user registers a thread last left its CPU with.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Left {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+// SAFETY: plain integers, repr(C), no padding.
+unsafe impl aya::Pod for Left {}
 
 /// `struct header`, read out of a record.
 #[derive(Debug, Clone, Copy, Default)]
@@ -109,6 +125,34 @@ impl Header {
     }
 }
 
+/// `struct native_tail`: the sampled thread's user registers at the
+/// interrupt and its stack from `sp` up, as far as it was mapped.
+#[derive(Debug, Clone, Copy)]
+pub struct NativeTail<'a> {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    pub stack: &'a [u8],
+}
+
+const TAIL_HEADER: usize = 32;
+
+impl<'a> NativeTail<'a> {
+    /// The tail of record `rec` (header `h`), if it has one with registers.
+    pub fn parse(h: &Header, rec: &'a [u8]) -> Option<NativeTail<'a>> {
+        if h.flags & FLAG_NATIVE == 0 || h.flags & FLAG_NO_REGS != 0 {
+            return None;
+        }
+        let b = rec.get(HEADER_LEN + h.nframes as usize * h.stride()..)?;
+        if b.len() < TAIL_HEADER {
+            return None;
+        }
+        let len = field_u32(b, 24) as usize;
+        let stack = b.get(TAIL_HEADER..TAIL_HEADER + len)?;
+        Some(NativeTail { ip: field_u64(b, 0), sp: field_u64(b, 8), bp: field_u64(b, 16), stack })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +171,28 @@ mod tests {
         assert_eq!((h.time_ns, h.gc, h.pid, h.frame_bytes, h.nframes, h.tracing), (7, 1, 42, 16, 2, 3));
         assert!(h.cut());
         assert!(Header::parse(&b[..b.len() - 1]).is_none(), "a record shorter than its frames is refused");
+        assert!(NativeTail::parse(&h, &b).is_none(), "no tail without FLAG_NATIVE");
+    }
+
+    #[test]
+    fn a_native_tail_follows_the_frames() {
+        let frames = 2 * (16 + IDENT_BYTES);
+        let mut b = vec![0u8; HEADER_LEN + frames + TAIL_HEADER + 24];
+        b[60..64].copy_from_slice(&16u32.to_le_bytes());
+        b[64..66].copy_from_slice(&2u16.to_le_bytes());
+        b[66..68].copy_from_slice(&FLAG_NATIVE.to_le_bytes());
+        let t = HEADER_LEN + frames;
+        for (i, v) in [0x401000u64, 0x7ffd_0000_1000, 0x7ffd_0000_1040].iter().enumerate() {
+            b[t + 8 * i..t + 8 * i + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        b[t + 24..t + 28].copy_from_slice(&16u32.to_le_bytes());
+        b[t + TAIL_HEADER] = 0xaa;
+        let h = Header::parse(&b).unwrap();
+        let tail = NativeTail::parse(&h, &b).expect("a tail");
+        assert_eq!((tail.ip, tail.sp, tail.bp, tail.stack.len(), tail.stack[0]), (0x401000, 0x7ffd_0000_1000, 0x7ffd_0000_1040, 16, 0xaa));
+        b[t + 24..t + 28].copy_from_slice(&4096u32.to_le_bytes());
+        assert!(NativeTail::parse(&h, &b).is_none(), "a tail longer than the record is refused");
+        b[66..68].copy_from_slice(&(FLAG_NATIVE | FLAG_NO_REGS).to_le_bytes());
+        assert!(NativeTail::parse(&Header::parse(&b).unwrap(), &b).is_none(), "no registers, no tail");
     }
 }

@@ -15,6 +15,7 @@ use crate::python::snapshot::SnapshotNeeds;
 use crate::sampler::{Discover, Mode, Progress, STOP, Sample, SamplerStats, SamplingConfig, Sink, StopReason};
 use crate::session::Session;
 use crate::stack::Frame;
+use crate::thread_filter::{NameKnown, ThreadFilter};
 
 use super::convert::Outcome;
 use super::loader::{KernelSampler, ProgramCost};
@@ -51,6 +52,8 @@ struct Proc {
     locked_shift: u32,
     /// Wall mode: stacks of threads still on no CPU since they were read.
     carry: off_cpu::Carry,
+    /// `--thread`/`--main-thread`: the threads sampled, in both halves.
+    filter: ThreadFilter,
 }
 
 impl Proc {
@@ -62,7 +65,36 @@ impl Proc {
         crate::python::gil::gil_words(&a.interp.offsets, a.interp.runtime, &[target.converter.main_interp()], &mut gil);
         let locked_shift = gil.first().map_or(0, |g| 8 * (g.locked - g.locked_word()) as u32);
         let command = a.target.cmdline().join(" ");
-        Ok(Proc { target, command, names: HashMap::new(), session: si, locked_shift, carry: off_cpu::Carry::default() })
+        // Taken before wall mode's reads narrow the session's selection to the threads off CPU.
+        let filter = s.selected_threads().clone();
+        Ok(Proc { target, command, names: HashMap::new(), session: si, locked_shift, carry: off_cpu::Carry::default(), filter })
+    }
+}
+
+/// Host thread `tid`'s name as every output shows it: its `threading`
+/// name, else the kernel's.
+fn thread_name<'a>(target: &'a KernelTarget, names: &'a mut HashMap<u32, Option<String>>, tid: u32) -> Option<&'a str> {
+    match target.python_name(tid) {
+        Some(n) => Some(n),
+        None => names.entry(tid).or_insert_with(|| crate::process::task_comm(target.pid, tid as i32)).as_deref(),
+    }
+}
+
+/// Whether `--thread`/`--main-thread` select host thread `tid`, judged
+/// by who it is, before its stack is looked at (a name not known yet
+/// selects it, as the snapshot's walk does).
+fn selects(filter: &ThreadFilter, target: &KernelTarget, names: &mut HashMap<u32, Option<String>>, tid: u32) -> bool {
+    filter.is_all() || filter.decide(Some(target.pid), Some(u64::from(tid)), NameKnown::Known(thread_name(target, names, tid))) != Some(false)
+}
+
+impl Proc {
+    /// Out of the program's maps; what its native merges counted, into `stats`.
+    fn end(&mut self, k: &mut KernelSampler, stats: &mut SamplerStats) {
+        self.target.forget(k);
+        if let Some(n) = self.target.native.as_mut() {
+            stats.counts += n.take_counts();
+            stats.add_warnings(n.warnings());
+        }
     }
 }
 
@@ -97,7 +129,7 @@ fn drop_ended(
             execd.push(pid);
         }
         if let Some(mut p) = procs.remove(&(pid as u32)) {
-            p.target.forget(k);
+            p.end(k, stats);
         }
         stats.counts += s.take_counts();
         false
@@ -188,11 +220,12 @@ pub fn run(
         // tick of their period was skipped.
         if let Some((t, at)) = ticks.as_mut().and_then(|t| t.take_due().map(|at| (t, at))) {
             for p in procs.values_mut() {
-                let Some(off) = off_cpu::proven_off(&p.target, at) else { continue };
+                let Some(mut off) = off_cpu::proven_off(&p.target, at) else { continue };
+                off.off.retain(|&(tid, _)| selects(&p.filter, &p.target, &mut p.names, tid));
                 let (pid, command, names, carry) = (p.target.pid, &p.command, &mut p.names, &mut p.carry);
                 let gc_frames = sessions[p.session].gc_frames();
                 let gc_samples = &mut stats.gc_samples;
-                let read = off_cpu::read(&mut sessions[p.session], &off, wall_needs, carry, &mut |o| {
+                let read = off_cpu::read(&mut sessions[p.session], &off, wall_needs, carry, p.target.native.as_mut().map(|n| (n, &*k)), &mut |o| {
                     // `<GC>` is on a stack that stands (the session put it
                     // there), never on a torn one.
                     let (t, frames, in_gc) = match o {
@@ -252,6 +285,9 @@ pub fn run(
                 p.target.note_unknown();
                 return;
             }
+            if !selects(&p.filter, &p.target, &mut p.names, h.tid) {
+                return;
+            }
             ks.counts.faults += u64::from(h.flags & FLAG_FAULT != 0);
             ks.counts.truncated += u64::from(h.flags & FLAG_TRUNCATED != 0);
             let gil = holds_gil(&h, p.locked_shift);
@@ -284,6 +320,9 @@ pub fn run(
                     return;
                 }
             }
+            if let Some(n) = p.target.native.as_mut().filter(|_| !is_torn) {
+                n.merge(&h, rec, !h.cut(), &a.mem, &mut frames, p.target.converter.groups());
+            }
             // As the ptrace sampler: the holder's flag, read at the instant,
             // and `<GC>` on top.
             // Never on a torn one, as the ptrace sampler's.
@@ -295,11 +334,7 @@ pub fn run(
             if frames.is_empty() && !cfg.include_empty {
                 return;
             }
-            // The `threading` name, else the kernel's, as every sampler names threads.
-            let name = match p.target.python_name(h.tid) {
-                Some(n) => Some(n),
-                None => p.names.entry(h.tid).or_insert_with(|| crate::process::task_comm(h.pid as i32, h.tid as i32)).as_deref(),
-            };
+            let name = thread_name(&p.target, &mut p.names, h.tid);
             if count_threads {
                 *per_thread.entry(h.tid).or_insert(0) += 1;
             }
@@ -372,7 +407,7 @@ pub fn run(
     };
     // What is still in the ring was taken before the end.
     for mut p in procs.into_values() {
-        p.target.forget(k);
+        p.end(k, &mut stats);
     }
     ks.program = k.cost();
     ks.counts.off_cpu_carried = stats.counts.carried;

@@ -13,6 +13,7 @@ use crate::python::threads::{ThreadList, ThreadState, find_pthread_tid_offset};
 
 use super::convert::{Converter, target_config};
 use super::loader::KernelSampler;
+use super::native::KernelNative;
 
 /// The thread list is read again at least this often (threads that ended
 /// leave the map), and at most this often when records name unknown tids.
@@ -22,6 +23,8 @@ const REFRESH_AT_MOST: Duration = Duration::from_millis(5);
 pub struct KernelTarget {
     pub pid: i32,
     pub converter: Converter,
+    /// `--native`: unwinds and merges each record's stack copy.
+    pub native: Option<KernelNative>,
     /// tid → thread state, as last put in the map.
     tids: HashMap<u32, u64>,
     /// tid → (interpreter, `threading` ident), for [`Self::python_name`].
@@ -52,6 +55,7 @@ impl KernelTarget {
         let mut t = KernelTarget {
             pid: a.target.pid,
             converter: Converter::new(&a.interp, main),
+            native: k.native().map(|o| KernelNative::new(a, o)),
             tids: HashMap::new(),
             idents: HashMap::new(),
             py_names: NameCache::default(),

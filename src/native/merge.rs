@@ -74,7 +74,9 @@ fn group_start(groups: &[EvalGroup], g: usize) -> usize {
 /// For each group (innermost first), the index of the native frame running it.
 fn hosts(native: &[NativeFrame], groups: &[EvalGroup]) -> Vec<Option<usize>> {
     if !groups.is_empty() && groups.iter().all(|g| g.anchor != 0) {
-        return groups.iter().map(|g| native.iter().position(|n| n.sp <= g.anchor && g.anchor < n.cfa)).collect();
+        // A frame whose CFA is unknown (the unwind failed there) has no
+        // known extent: it would seem to hold every anchor above it.
+        return groups.iter().map(|g| native.iter().position(|n| n.cfa != u64::MAX && n.sp <= g.anchor && g.anchor < n.cfa)).collect();
     }
     let mut evals = native.iter().enumerate().filter(|(_, n)| n.kind == NativeKind::Eval).map(|(i, _)| i);
     groups.iter().map(|_| evals.next()).collect()
@@ -177,6 +179,19 @@ mod tests {
         // The same with an unfinished unwind: the group goes below a marker.
         assert_eq!(merge(&native, false, &py, &[EvalGroup { end: 1, anchor: 0x9000 }], &mut out), Outcome::Truncated);
         assert_eq!(names(&out), ["_PyEval_EvalFrameDefault", "main", TRUNCATED, "f"]);
+    }
+
+    /// Found with the kernel sampler's threads asleep since before it ran
+    /// (no frame pointer): the unwind failed at a frame that runs no Python,
+    /// whose unknown CFA seemed to hold every group above it.
+    #[test]
+    fn a_frame_the_unwind_failed_at_holds_no_group() {
+        let native = vec![n("clock_nanosleep", NativeKind::Other, 0x100, 0x200), n("pysleep", NativeKind::Other, 0x200, u64::MAX)];
+        let py = vec![Frame::python("leaf", "a.py", 1), Frame::python("run", "a.py", 2)];
+        let groups = [EvalGroup { end: 1, anchor: 0x280 }, EvalGroup { end: 2, anchor: 0x380 }];
+        let mut out = Vec::new();
+        assert_eq!(merge(&native, false, &py, &groups, &mut out), Outcome::Truncated);
+        assert_eq!(names(&out), ["clock_nanosleep", "pysleep", TRUNCATED, "leaf", "run"]);
     }
 
     #[test]

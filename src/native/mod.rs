@@ -336,9 +336,25 @@ impl NativeState {
     }
 
     fn unwind_with(&mut self, mem: &dyn RemoteMemory, regs: Regs, out: &mut Vec<NativeRaw>, pool: &mut Vec<(u64, Vec<u8>)>) -> bool {
-        out.clear();
         let mut reader = StackReader { mem, pool, used: 0 };
-        let mut read = |a: u64| reader.read_u64(a);
+        self.unwind_frames(mem, regs, &mut |a: u64| reader.read_u64(a), out)
+    }
+
+    /// Unwind from a copy of the stack made with the registers (the kernel
+    /// sampler's, at the interrupt): `stack` holds the bytes from `at` up.
+    /// Nothing of the stack is read live; code is (it does not change).
+    pub fn unwind_copy(&mut self, code: &dyn RemoteMemory, regs: Regs, at: u64, stack: &[u8], out: &mut Vec<NativeRaw>) -> bool {
+        let mut read = |a: u64| -> Result<u64, ()> {
+            let off = usize::try_from(a.checked_sub(at).ok_or(())?).map_err(|_| ())?;
+            let word = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
+            Ok(u64::from_le_bytes(word.try_into().unwrap()))
+        };
+        self.unwind_frames(code, regs, &mut read, out)
+    }
+
+    /// `mem` is read for code only; `read` gives the stack's words.
+    fn unwind_frames<R: FnMut(u64) -> Result<u64, ()>>(&mut self, mem: &dyn RemoteMemory, regs: Regs, read: &mut R, out: &mut Vec<NativeRaw>) -> bool {
+        out.clear();
         let mut uregs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
         let mut addr = FrameAddress::from_instruction_pointer(regs.ip);
         loop {
@@ -365,7 +381,7 @@ impl NativeState {
                     None => return true,
                 }
             }
-            match self.unwinder.unwind_frame(addr, &mut uregs, &mut self.cache, &mut read) {
+            match self.unwinder.unwind_frame(addr, &mut uregs, &mut self.cache, read) {
                 Ok(Some(ra)) => {
                     out.push(NativeRaw { lookup, sp, cfa: uregs.sp() });
                     // The stack grows down: every caller's frame lies above its callee's.

@@ -227,6 +227,11 @@ impl Snapshotter {
         self.filter = filter;
     }
 
+    /// The threads walked (see [`Self::select`]).
+    pub fn selected(&self) -> &ThreadFilter {
+        &self.filter
+    }
+
     /// Read `extras` with every stack from now on.
     pub fn read_extras(&mut self, extras: Extras) {
         self.extras = extras;

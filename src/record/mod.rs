@@ -10,7 +10,7 @@ pub(crate) mod summary;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use crate::kernel::choose::{SamplerChoice, Wanted, choose};
+use crate::kernel::choose::SamplerChoice;
 use crate::kernel::loader::KernelSampler;
 use crate::output::{Format, View};
 use crate::profile::aggregate::{AggregateOptions, Aggregator};
@@ -49,21 +49,7 @@ impl RecordConfig {
     /// session options that go with the choice, and the line to say once
     /// the target is attached when it was asked for and refused.
     pub fn choose_sampler(&self) -> (Option<KernelSampler>, SessionOptions, Option<String>) {
-        let wanted = Wanted {
-            mode: self.sampling.mode,
-            rate_hz: self.sampling.rate_hz,
-            native: self.attach.native.is_some(),
-            asyncio: self.attach.asyncio.is_some(),
-            thread_filter: !self.attach.threads.is_all(),
-        };
-        let (kernel, note) = choose(self.sampler, &wanted);
-        // Under the kernel sampler nothing is stopped: wall mode's user-space
-        // half reads threads proven off CPU, lock-free.
-        let attach = match kernel {
-            Some(_) => SessionOptions { sampling: crate::session::Sampling::Nonblocking, ..self.attach.clone() },
-            None => self.attach.clone(),
-        };
-        (kernel, attach, note)
+        crate::kernel::choose::for_sessions(self.sampler, self.sampling.mode, self.sampling.rate_hz, &self.attach)
     }
 }
 

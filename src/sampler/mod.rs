@@ -120,7 +120,7 @@ impl SamplerStats {
         }
     }
 
-    fn add_warnings(&mut self, ws: &[String]) {
+    pub(crate) fn add_warnings(&mut self, ws: &[String]) {
         for w in ws {
             if !self.native_warnings.contains(w) {
                 self.native_warnings.push(w.clone());

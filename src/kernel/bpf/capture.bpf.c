@@ -16,6 +16,7 @@
 
 #include <linux/bpf.h>
 #include <linux/types.h>
+#include <linux/bpf_perf_event.h>
 #include <bpf/bpf_helpers.h>
 
 #include "capture.h"
@@ -50,6 +51,24 @@ struct {
 	__type(key, __u32);
 	__type(value, struct record);
 } SCRATCH SEC(".maps");
+
+// `--native`: one record with its native tail, per CPU (user space sets
+// max_entries to the number of CPUs; larger than a per-CPU value may be).
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct native_record);
+} NATIVE_SCRATCH SEC(".maps");
+
+// `--native`: host tid -> the user registers it last left its CPU with
+// (wall mode unwinds the C stacks of threads on no CPU from them).
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct left);
+} LEFT SEC(".maps");
 
 // Per CPU: [0] ticks that hit a target, [1] records lost (ring full).
 struct {
@@ -117,21 +136,12 @@ __attribute__((noinline)) long ident(const struct target *t, __u64 code, __u64 *
 	return err;
 }
 
-SEC("perf_event")
-int capture(void *ctx)
+// Copy the interrupted thread's frame chain (and the words that go with
+// it) into `r`. Returns the record's length.
+static __always_inline __u64 take(struct record *r, const struct target *t, __u32 tgid, __u32 tid, __u64 now)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32, tid = (__u32)id;
-	struct target *t = bpf_map_lookup_elem(&TARGETS, &tgid);
-	if (!t)
-		return 0;
-	__u32 zero = 0;
-	struct record *r = bpf_map_lookup_elem(&SCRATCH, &zero);
-	if (!r)
-		return 0;
-	count(0);
 	struct header *h = &r->h;
-	h->time_ns = bpf_ktime_get_ns();
+	h->time_ns = now;
 	h->pid = tgid;
 	h->tid = tid;
 	h->cpu = bpf_get_smp_processor_id();
@@ -196,8 +206,121 @@ send:;
 	__u64 len = sizeof(struct header) + (__u64)h->nframes * (fb + IDENT_BYTES);
 	if (len > sizeof(struct record))
 		len = sizeof(struct record);
+	return len;
+}
+
+SEC("perf_event")
+int capture(void *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	struct target *t = bpf_map_lookup_elem(&TARGETS, &tgid);
+	if (!t)
+		return 0;
+	__u32 zero = 0;
+	struct record *r = bpf_map_lookup_elem(&SCRATCH, &zero);
+	if (!r)
+		return 0;
+	count(0);
+	__u64 len = take(r, t, tgid, tid, bpf_ktime_get_ns());
 	// No wakeup: user space drains on its own clock. A wakeup is an
 	// irq_work, a self-interrupt on the target's CPU at every sample.
+	if (bpf_ringbuf_output(&RECORDS, r, len, BPF_RB_NO_WAKEUP))
+		count(1);
+	return 0;
+}
+
+// The current thread's user registers, as it entered the kernel. Nonzero: unread.
+static __always_inline long user_regs(struct left *out)
+{
+	struct pt_regs u = {};
+	struct pt_regs *saved = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	if (!saved)
+		return -1;
+	long err = bpf_probe_read_kernel(&u, sizeof(u), saved);
+	out->ip = u.rip;
+	out->sp = u.rsp;
+	out->bp = u.rbp;
+	return err;
+}
+
+// `--native`, wall mode: a target thread leaving its CPU (the tracepoint
+// runs on it, before the switch) leaves its user registers in LEFT. Until
+// it runs again they are its registers, so user space can unwind the C
+// stack of a thread it proves off CPU without stopping it.
+SEC("raw_tracepoint/sched_switch")
+int switch_out(void *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	if (!bpf_map_lookup_elem(&TARGETS, &tgid))
+		return 0;
+	struct left u;
+	if (user_regs(&u))
+		bpf_map_delete_elem(&LEFT, &tid);
+	else
+		bpf_map_update_elem(&LEFT, &tid, &u, BPF_ANY);
+	return 0;
+}
+
+// `--native`: the same record, then the thread's user registers and its
+// stack from sp up, as much as is mapped, at most STACK_BYTES (user space
+// unwinds the copy with its CFI unwinder, so the C stack is that of the
+// very instant the Python frames were copied).
+SEC("perf_event")
+int capture_native(struct bpf_perf_event_data *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	struct target *t = bpf_map_lookup_elem(&TARGETS, &tgid);
+	if (!t)
+		return 0;
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct native_record *r = bpf_map_lookup_elem(&NATIVE_SCRATCH, &cpu);
+	if (!r)
+		return 0;
+	count(0);
+	__u64 len = take(&r->r, t, tgid, tid, bpf_ktime_get_ns());
+	if (len > sizeof(struct record))
+		return 0;
+	struct native_tail *tail = (struct native_tail *)((__u8 *)r + len);
+	tail->len = 0;
+	tail->pad = 0;
+	if ((ctx->regs.cs & 3) == 3) {
+		tail->ip = ctx->regs.rip;
+		tail->sp = ctx->regs.rsp;
+		tail->bp = ctx->regs.rbp;
+	} else {
+		// In the kernel (a system call, a fault): the user registers it
+		// entered with, saved on its kernel stack.
+		struct left u;
+		if (user_regs(&u)) {
+			r->r.h.flags |= FLAG_NO_REGS;
+			goto send;
+		}
+		tail->ip = u.ip;
+		tail->sp = u.sp;
+		tail->bp = u.bp;
+	}
+	__u64 at = tail->sp;
+	__u32 n = 0;
+	for (__u32 i = 0; i <= STACK_BYTES / 4096; i++) {
+		// Page by page: a read crossing the end of the stack's mapping
+		// fails whole, and the last page is where the copy must stop.
+		__u32 piece = 4096 - (__u32)(at & 4095);
+		if (n > STACK_BYTES - 4096)
+			break;
+		if (bpf_probe_read_user(&tail->stack[n], piece, (const void *)at))
+			break;
+		n += piece;
+		at += piece;
+	}
+	tail->len = n;
+send:
+	len += sizeof(struct native_tail) - STACK_BYTES + tail->len;
+	r->r.h.flags |= FLAG_NATIVE;
+	if (len > sizeof(struct native_record))
+		return 0;
 	if (bpf_ringbuf_output(&RECORDS, r, len, BPF_RB_NO_WAKEUP))
 		count(1);
 	return 0;

@@ -11,6 +11,8 @@
 #define FLAG_TRUNCATED 2    /* deeper than the bound */
 #define FLAG_NO_TSTATE 4    /* tid not in THREADS yet */
 #define FLAG_WORD_FAULT 8   /* a GIL or GC word could not be read */
+#define FLAG_NATIVE 16      /* a native_tail follows the frames */
+#define FLAG_NO_REGS 32     /* the user registers could not be read: no stack */
 
 /* How a frame's code object is told apart from one that later takes its
  * address, mixed into one word: IDENT_WORD, its `co_version` word (3.12+: no
@@ -71,6 +73,32 @@ struct header {
 struct record {
 	struct header h;
 	__u8 data[RECORD_DATA];
+};
+
+/* `--native`: the stack copied from sp up, at most this much. */
+#define STACK_BYTES 65536
+
+/* After a --native record's frames: the user registers at the interrupt
+ * and `len` bytes of the stack from `sp` up. */
+struct native_tail {
+	__u64 ip;
+	__u64 sp;
+	__u64 bp;
+	__u32 len;
+	__u32 pad;
+	__u8 stack[STACK_BYTES];
+};
+
+/* `--native`: the user registers a thread last left its CPU with. */
+struct left {
+	__u64 ip;
+	__u64 sp;
+	__u64 bp;
+};
+
+struct native_record {
+	struct record r;
+	struct native_tail tail;
 };
 
 #endif
