@@ -6,7 +6,10 @@
 //! every other sampler (`convert`).
 //!
 //! Needs Linux 5.8+ (BPF ring buffer; bounded loops 5.3) and root, or
-//! CAP_BPF + CAP_PERFMON. No BTF: the program reads no kernel struct.
+//! CAP_BPF + CAP_PERFMON. No BTF, except for `--native` (Linux 5.15+ and
+//! the kernel's BTF: `bpf_task_pt_regs` of the task from
+//! `bpf_get_current_task_btf` gives the user registers of a thread caught
+//! in the kernel, or leaving its CPU); refused, `auto` takes ptrace.
 //! Thread ids are the host's (`bpf_get_current_pid_tgid`); a pyprof in a
 //! PID namespace would need `bpf_get_ns_current_pid_tgid` (not done).
 
