@@ -182,8 +182,16 @@ impl KernelSampler {
         self.threads.insert(tid, tstate, 0).map_err(|e| map_error("THREADS", e))
     }
 
+    /// Out of THREADS, and its kept registers with it (LEFT is keyed by
+    /// tid alone: a later thread given the same tid must not find them).
     pub fn remove_thread(&mut self, tid: u32) {
         let _ = self.threads.remove(&tid);
+        self.forget_left(tid);
+    }
+
+    /// Drop the registers LEFT keeps for host thread `tid`.
+    pub fn forget_left(&mut self, tid: u32) {
+        let _ = self.left.remove(&tid);
     }
 
     /// Hand every record waiting in the ring to `f`, without blocking.

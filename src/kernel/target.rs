@@ -67,6 +67,12 @@ impl KernelTarget {
             stale: true,
         };
         t.refresh(k, a)?;
+        // Kept before this process was a target, they are another
+        // process's, whose thread had the same tid (at worst one of its
+        // own, kept since: then /proc's registers serve).
+        for &tid in t.tids.keys() {
+            k.forget_left(tid);
+        }
         Ok(t)
     }
 
