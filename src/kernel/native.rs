@@ -60,12 +60,7 @@ impl KernelNative {
 
     fn merge_raw(&mut self, raw: &[NativeRaw], complete: bool, py: &mut Vec<Frame>, groups: &[EvalGroup]) {
         self.state.symbolize(raw, &mut self.named);
-        let c = &mut self.state.counts;
-        match merge::merge(&self.named, complete, py, groups, &mut self.merged) {
-            merge::Outcome::Merged => c.native_merged += 1,
-            merge::Outcome::Truncated => c.native_truncated += 1,
-            merge::Outcome::Unmerged => c.native_unmerged += 1,
-        }
+        merge::merge(&self.named, complete, py, groups, &mut self.merged).count(&mut self.state.counts);
         std::mem::swap(py, &mut self.merged);
     }
 

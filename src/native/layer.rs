@@ -55,11 +55,7 @@ impl NativeLayer {
                 continue;
             }
             self.state.symbolize(raw, &mut self.frames);
-            match merge::merge(&self.frames, *complete, &t.frames, python.groups(i), &mut merged) {
-                merge::Outcome::Merged => self.state.counts.native_merged += 1,
-                merge::Outcome::Truncated => self.state.counts.native_truncated += 1,
-                merge::Outcome::Unmerged => self.state.counts.native_unmerged += 1,
-            }
+            merge::merge(&self.frames, *complete, &t.frames, python.groups(i), &mut merged).count(&mut self.state.counts);
             std::mem::swap(&mut t.frames, &mut merged);
         }
     }

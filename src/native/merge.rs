@@ -55,6 +55,17 @@ pub enum Outcome {
     Unmerged,
 }
 
+impl Outcome {
+    /// Count this outcome where every sampler counts merges.
+    pub fn count(self, c: &mut crate::counts::Counters) {
+        match self {
+            Outcome::Merged => c.native_merged += 1,
+            Outcome::Truncated => c.native_truncated += 1,
+            Outcome::Unmerged => c.native_unmerged += 1,
+        }
+    }
+}
+
 pub const TRUNCATED: &str = "[truncated native stack]";
 pub const UNMERGED: &str = "[native stack not merged]";
 
