@@ -115,13 +115,14 @@ fn drop_ended(
     sessions: &mut Vec<Session>,
     stats: &mut SamplerStats,
     discover: &mut Option<&mut dyn Discover>,
+    thorough: bool,
 ) {
     let mut execd = Vec::new();
     let before = sessions.len();
     sessions.retain_mut(|s| {
         let pid = s.pid();
         let exec = s.exec_seen();
-        let alive = s.attached().target.is_alive() && !crate::process::is_exiting(pid);
+        let alive = !s.attached().target.has_ended(thorough);
         if alive && !exec {
             return true;
         }
@@ -190,6 +191,7 @@ pub fn run(
     let mut frames: Vec<Frame> = Vec::new();
     let mut last_progress = Duration::ZERO;
     let mut last_alive = Instant::now();
+    let mut last_thorough = Instant::now();
     let reason = loop {
         if let Some(hz) = cfg.rate_control.as_ref().map(|r| f64::from_bits(r.load(Ordering::Relaxed))) {
             if hz != rate_hz && hz > 0.0 && hz.is_finite() && k.set_rate(hz).is_ok() {
@@ -365,7 +367,14 @@ pub fn run(
         }
         if last_alive.elapsed() >= Duration::from_millis(50) {
             last_alive = Instant::now();
-            drop_ended(k, &mut procs, sessions, &mut stats, &mut discover);
+            // An exit is seen within 50 ms (a pidfd); one begun, or of
+            // the main thread alone, within 500 ms (`/proc`, a file read
+            // per target).
+            let thorough = last_thorough.elapsed() >= Duration::from_millis(500);
+            if thorough {
+                last_thorough = last_alive;
+            }
+            drop_ended(k, &mut procs, sessions, &mut stats, &mut discover, thorough);
             if procs.is_empty() && !cfg.run_without_targets {
                 break StopReason::TargetExited;
             }

@@ -4,6 +4,7 @@
 
 #[cfg(test)]
 pub mod cpu_hog;
+pub mod exit_watch;
 pub mod maps;
 pub mod memory;
 pub mod new_pids;
@@ -39,6 +40,8 @@ pub struct Target {
     /// In a PID namespace of its own: its threads' ids as it knows them,
     /// mapped to the host's ([`Target::host_tid`]). None on the host's.
     ns: Option<std::cell::RefCell<pid_ns::NsTids>>,
+    /// Tells an exit without `/proc` ([`Target::has_ended`]).
+    exit: exit_watch::ExitWatch,
 }
 
 /// A copy starts with no open files and no perf events of its own.
@@ -53,6 +56,7 @@ impl Clone for Target {
             holders_tried: Default::default(),
             shared_holders: Default::default(),
             ns: pid_ns::NsTids::of(self.pid).map(std::cell::RefCell::new),
+            exit: Default::default(),
         }
     }
 }
@@ -90,6 +94,7 @@ impl Target {
             holders_tried: Default::default(),
             shared_holders: Default::default(),
             ns: pid_ns::NsTids::of(pid).map(std::cell::RefCell::new),
+            exit: exit_watch::ExitWatch::open(pid),
         })
     }
 
@@ -220,6 +225,18 @@ impl Target {
 
     pub fn is_alive(&self) -> bool {
         !matches!(task_state(self.pid, self.pid), None | Some('Z') | Some('X'))
+    }
+
+    /// Whether the process has ended or is on its way out. `thorough`
+    /// asks `/proc` as well (one read), which alone sees a process that
+    /// has begun to exit, or whose main thread has exited; otherwise a
+    /// pidfd answers where there is one, without a file opened or read.
+    pub fn has_ended(&self, thorough: bool) -> bool {
+        match self.exit.ended() {
+            Some(true) => true,
+            Some(false) if !thorough => false,
+            _ => stat_says_ended(&format!("/proc/{}/stat", self.pid)),
+        }
     }
 
     /// A path as the target sees it, made reachable from here.
@@ -353,11 +370,25 @@ pub fn thread_is_exiting(pid: i32, tid: i32) -> bool {
 }
 
 fn stat_says_exiting(path: &str) -> bool {
-    const PF_EXITING: u64 = 0x4;
     let Ok(stat) = std::fs::read_to_string(path) else { return true };
-    // comm may hold spaces and parentheses: fields follow the last ')'; flags is field 9.
-    let flags = stat.rfind(')').and_then(|i| stat.get(i + 2..)).and_then(|r| r.split(' ').nth(6)).and_then(|f| f.parse::<u64>().ok());
-    flags.is_some_and(|f| f & PF_EXITING != 0)
+    stat_fields(&stat).is_some_and(|(_, flags)| flags & PF_EXITING != 0)
+}
+
+const PF_EXITING: u64 = 0x4;
+
+/// As [`stat_says_exiting`], or a zombie or dead task: in one read.
+fn stat_says_ended(path: &str) -> bool {
+    let Ok(stat) = std::fs::read_to_string(path) else { return true };
+    stat_fields(&stat).is_none_or(|(state, flags)| matches!(state, 'Z' | 'X') || flags & PF_EXITING != 0)
+}
+
+/// A stat file's state and flags. comm may hold spaces and parentheses:
+/// the fields follow the last ')'; the state is field 3, flags field 9.
+fn stat_fields(stat: &str) -> Option<(char, u64)> {
+    let mut rest = stat.get(stat.rfind(')')? + 2..)?.split(' ');
+    let state = rest.next()?.chars().next()?;
+    let flags = rest.nth(5)?.parse::<u64>().ok()?;
+    Some((state, flags))
 }
 
 /// One-letter scheduler state of a thread ('R' running, 'S' sleeping, ...).
@@ -428,6 +459,31 @@ mod tests {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
         assert!(start <= now + 0.02 && start > now - 3600.0, "start {start}, now {now}");
         assert_eq!(start_time(-5), None);
+    }
+
+    #[test]
+    fn stat_state_and_flags_past_an_odd_comm() {
+        let stat = "4242 (a) b (c) S 1 4242 4242 0 -1 4194564 120 0 0 0 5 1 0 0 20 0 1 0";
+        assert_eq!(stat_fields(stat), Some(('S', 4194564)));
+        assert_eq!(stat_fields("4242 (x) Z 1"), None);
+        assert_eq!(stat_fields("garbage"), None);
+    }
+
+    /// A real child, by pidfd and by `/proc`: running, then a zombie.
+    #[test]
+    fn a_child_ends_for_both_checks() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("spawn sleep");
+        let t = Target::attach(child.id() as i32).unwrap();
+        assert!(!t.has_ended(false) && !t.has_ended(true), "a running child");
+        child.kill().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !t.has_ended(false) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(t.has_ended(false) && t.has_ended(true), "a killed child");
+        // Without a pidfd (a copy has none) `/proc` answers alone.
+        assert!(t.clone().has_ended(false), "a zombie, by /proc");
+        child.wait().unwrap();
     }
 
     #[test]
