@@ -206,10 +206,14 @@ impl KernelSampler {
 
     pub fn cost(&self) -> ProgramCost {
         let mut c = ProgramCost::default();
-        if let Some(info) = self.bpf.programs().find_map(|(_, p)| p.info().ok()) {
+        // Runs: the capture program's (its firings). Time: every loaded
+        // program's, `--native`'s switch_out (at each context switch) too,
+        // since all of it is the sampler's cost. Before, the first loaded
+        // program found gave both, under `--native` either of the two.
+        if let Some(info) = self.bpf.program(program(&self.native)).and_then(|p| p.info().ok()) {
             c.runs = info.run_count();
-            c.run_time = info.run_time();
         }
+        c.run_time = self.bpf.programs().filter_map(|(_, p)| p.info().ok()).map(|i| i.run_time()).sum();
         let sum = |i: u32| self.counts.get(&i, 0).map(|v| v.iter().sum::<u64>()).unwrap_or(0);
         c.hits = sum(0);
         c.lost = sum(1);
