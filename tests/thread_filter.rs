@@ -156,7 +156,23 @@ fn record_samples_only_the_selected_threads() {
 
         let p = record(&py.label, pid, "0.5", &dir.join("main.json"), &["--main-thread"]);
         assert_eq!(sampled_threads(&p), set(&[("MainThread", pid as i64)]), "{}", py.label);
-        assert!(p.stacks.iter().all(|s| s.frames.iter().any(|&f| p.frames[f as usize].function == "spin_forever")), "{}", py.label);
+        // Every sample of the spinner is in spin_forever, but for a read
+        // of it off CPU that it ran during (counted under the marker, never
+        // dropped: CI once saw one on pyenv-3.11 under load).
+        let name = |f: &u32| p.frames[*f as usize].function.as_str();
+        let other: Vec<String> = p
+            .stacks
+            .iter()
+            .filter(|s| !s.frames.iter().any(|f| name(f) == "spin_forever"))
+            .map(|s| format!("{} x{}", s.frames.iter().map(name).collect::<Vec<_>>().join(";"), s.count))
+            .collect();
+        let torn: u64 = p.stacks.iter().filter(|s| s.frames.iter().map(name).eq([pyprof::sampler::TORN])).map(|s| s.count).sum();
+        assert!(
+            other.len() <= 1 && torn * 20 <= p.meta.samples && other.iter().all(|s| s.starts_with(pyprof::sampler::TORN)),
+            "{}: main-thread samples not in spin_forever: {other:?} of {}",
+            py.label,
+            p.meta.samples
+        );
 
         // A thread that is not there is no error (it may start later): an
         // empty profile, and a warning in the summary.
