@@ -397,7 +397,7 @@ pub fn run(
                 }
                 // A process that exits mid-snapshot fails it in many ways (a
                 // refused seize, a read of freed memory): its end, not an error.
-                Err(e) if e.is_process_gone() || !s.attached().target.is_alive() || crate::process::is_exiting(s.pid()) => {
+                Err(e) if e.is_process_gone() || s.attached().target.has_ended(true) => {
                     stats.add_session(s);
                     gone.push(i);
                 }
