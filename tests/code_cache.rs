@@ -134,6 +134,41 @@ fn the_kernel_sampler_never_names_a_gone_code_object_after_its_successor() {
     tally.judge("kernel");
 }
 
+/// A code object is alive while its frame runs, whatever happens to its
+/// name string's reference count: each `reader_K` takes its own `__name__`
+/// (the string its code object names) over and over while the kernel
+/// sampler, which reads a code object first seen after the interrupt with
+/// the target running, reads it. None of the 300 is ever shown gone (when a
+/// string's whole header had to read the same twice, the count moving
+/// between the two reads made a live object look replaced).
+#[test]
+fn a_name_in_use_does_not_make_its_code_object_look_gone() {
+    for_each_interpreter(|py| {
+        let target = py.spawn("name_readers.py", &[]);
+        let dir = temp_dir("name-readers");
+        let out_path = dir.join("kernel.json");
+        let out = pyprof(&["record", "--sampler", "kernel", "--pid", &target.pid().to_string(), "-r", "1k", "-d", "3", "-q", "-o", out_path.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let p: Profile = pyprof::output::json::read(&std::fs::read(&out_path).unwrap()).unwrap();
+        if !kernel_ran(&p.meta.sampling.method, "", &py.label) {
+            return;
+        }
+        let (mut readers, mut gone) = (0u64, Vec::new());
+        for s in &p.stacks {
+            let names: Vec<&str> = s.frames.iter().map(|&i| p.frames[i as usize].function.as_str()).collect();
+            if names.iter().any(|n| n.starts_with("reader_")) {
+                readers += s.count;
+            }
+            if names.contains(&pyprof::kernel::convert::CODE_GONE) {
+                gone.push(names.join(" > "));
+            }
+        }
+        // 3 s of 5-ms turns: every reader is first seen, and read, mid-run.
+        assert!(readers > 2000, "{}: only {readers} samples in reader_K of {}", py.label, p.meta.samples);
+        assert!(gone.is_empty(), "{}: {} stacks show a live code object as gone: {gone:?}", py.label, gone.len());
+    });
+}
+
 /// On a steady stack (three code objects), 3.12+ stop reading code objects
 /// once a counter has shown that none was made or freed (3.14+: frees, from
 /// `_Py_DebugOffsets`; 3.13: the next `co_version`, from our offsets; 3.12:

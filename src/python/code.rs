@@ -422,8 +422,18 @@ impl CodeCache {
             (fp.filename + file_shape.data_at, &mut file2),
             (fp.linetable + ob.bytes_ob_sval, &mut linetable2),
         ])?;
+        // A string's header holds words that change while it lives: its
+        // reference count (each `f.__name__` or `co_name` taken moves it),
+        // its hash once computed, a UTF-8 copy made on request. Its type
+        // and shape do not, and with its characters say it is the same.
+        let kept = |before: &[u8], after: &[u8], shape| {
+            let ty = ob.ob_type as usize;
+            before[ty..ty + 8] == after[ty..ty + 8] && unicode_shape(ob, 0, &after[..hl]).is_ok_and(|s| s == shape)
+        };
         let same = parse_fingerprint(o, &head, interp) == fp
-            && (name_head2, file_head2, lt_size2) == (name_head, file_head, lt_size)
+            && kept(&name_head, &name_head2, name_shape)
+            && kept(&file_head, &file_head2, file_shape)
+            && lt_size2 == lt_size
             && (&name2, &file2, &linetable2) == (&name, &file, &linetable);
         if !same {
             return Err(Error::Torn(format!("code object at {addr:#x} changed while read")));
