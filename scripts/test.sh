@@ -11,7 +11,13 @@ skips=target/tmp/pyprof-skipped.txt
 rm -f "$skips"
 # Release build: sampling-rate tests measure a real profiler, not a debug one.
 status=0
-cargo test --release --all-targets --no-fail-fast -- --test-threads="${PYPROF_TEST_THREADS:-2}" || status=$?
+log=target/tmp/test-output.log
+mkdir -p target/tmp
+cargo test --release --all-targets --no-fail-fast -- --test-threads="${PYPROF_TEST_THREADS:-2}" 2>&1 | tee "$log" || status=${PIPESTATUS[0]}
+# A long log is seen from its end: repeat there what each failure said.
+if [ "$status" -ne 0 ]; then
+  python3 tools/failure-digest.py "$log" >&2 || true
+fi
 if [ -s "$skips" ]; then
   echo "test.sh: $(wc -l < "$skips") test cases were SKIPPED and not covered by this run (listed in $skips)" >&2
 else
