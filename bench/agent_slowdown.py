@@ -7,6 +7,7 @@ drop against the rounds without an agent (medians), beside the agent's own
 CPU and, for the kernel sampler, its BPF program's, from its /metrics.
 
     python3 bench/agent_slowdown.py [--procs 16] [--rate 100] [--secs 10] [--rounds 3]
+        [--samplers kernel,ptrace,kernel:cpu]
 
 The agent runs with --max-cpu 100%, so that its budget never lowers the
 rate asked for: this measures the rate's cost, not the budget's.
@@ -85,9 +86,10 @@ def one_round(args, python, script, sampler, tmp):
                               preexec_fn=die_with_parent()) for _ in range(args.procs)]
     agent, url, agent_info = None, None, None
     if sampler:
-        log = open(os.path.join(tmp, "agent-%s.log" % sampler), "wb")
-        argv = [args.pyprof, "agent", "--sampler", sampler, "-r", str(args.rate), "--max-cpu", "100%",
-                "--listen", "127.0.0.1:0"]
+        log = open(os.path.join(tmp, "agent-%s.log" % sampler.replace(":", "-")), "wb")
+        name, _, mode = sampler.partition(":")
+        argv = [args.pyprof, "agent", "--sampler", name, "-r", str(args.rate), "--max-cpu", "100%",
+                "--listen", "127.0.0.1:0"] + (["--mode", mode] if mode else [])
         for p in procs:
             argv += ["--pid", str(p.pid)]
         agent = subprocess.Popen(argv, stdout=log, stderr=log, preexec_fn=die_with_parent())
@@ -126,7 +128,8 @@ def main():
     ap.add_argument("--rate", type=int, default=100)
     ap.add_argument("--secs", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--samplers", default="kernel,ptrace")
+    ap.add_argument("--samplers", default="kernel,ptrace",
+                    help="agents to compare: SAMPLER or SAMPLER:MODE (e.g. kernel:cpu), comma-separated")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     python = find_python(args.python)

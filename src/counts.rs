@@ -72,6 +72,10 @@ pub struct Counters {
     /// unchanged (`python::quiet`), and the snapshots that did so.
     pub carried: u64,
     pub carried_ticks: u64,
+    /// The kernel sampler's wall mode: stacks of threads off CPU taken from
+    /// the record made as each left its CPU (`kernel::off_cpu::Switched`),
+    /// not read (carried over after that, they count as carried).
+    pub from_switch_out: u64,
     /// Thread lists followed from a remembered head (`python::threads`).
     pub lists_by_head: u64,
     /// `process_vm_readv` calls and the bytes they returned.

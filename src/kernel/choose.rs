@@ -65,7 +65,7 @@ pub fn choose(choice: SamplerChoice, w: &Wanted) -> (Option<KernelSampler>, Opti
             if let Some(why) = unsupported(w) {
                 return (None, if choice == SamplerChoice::Kernel { note(why) } else { None });
             }
-            match KernelSampler::open(w.rate_hz, w.native.clone()) {
+            match KernelSampler::open(w.rate_hz, w.native.clone(), w.mode == Mode::Wall && w.native.is_none()) {
                 Ok(k) => (Some(k), None),
                 Err(r) => (None, note(&r.why)),
             }

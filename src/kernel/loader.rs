@@ -6,12 +6,12 @@
 
 use std::os::fd::OwnedFd;
 
-use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventLinkId, PerfEventScope, PerfTypeId, SamplePolicy, perf_sw_ids};
 use aya::programs::{PerfEvent, RawTracePoint};
 use aya::{Ebpf, EbpfLoader};
 
-use super::record::{Left, TargetConfig};
+use super::record::{Left, Settings, TargetConfig, ThreadEntry};
 
 /// The program, built by scripts/build-bpf.sh from bpf/capture.bpf.c.
 static OBJECT: &[u8] = aya::include_bytes_aligned!("bpf/capture.bpf.o");
@@ -46,7 +46,8 @@ pub struct KernelSampler {
     // Dropping `bpf` detaches every event and frees the maps.
     bpf: Ebpf,
     targets: HashMap<MapData, u32, TargetConfig>,
-    threads: HashMap<MapData, u32, u64>,
+    threads: HashMap<MapData, u32, ThreadEntry>,
+    settings: Array<MapData, Settings>,
     counts: PerCpuArray<MapData, u64>,
     ring: RingBuf<MapData>,
     /// `--native`: host tid → the user registers it last left its CPU with.
@@ -56,6 +57,8 @@ pub struct KernelSampler {
     rate_hz: f64,
     /// `--native`: the program copies registers and stack with each record.
     native: Option<crate::native::NativeOptions>,
+    /// `--mode wall`: the switch program takes a record as a thread leaves its CPU.
+    switch_records: bool,
     /// Keeps `kernel.bpf_stats_enabled` on while we run (None: refused).
     _stats: Option<OwnedFd>,
 }
@@ -82,12 +85,26 @@ fn attach(prog: &mut PerfEvent, cpu: u32, rate_hz: f64) -> Result<PerfEventLinkI
     .map_err(|e| refused(&format!("perf event on CPU {cpu}"), e))
 }
 
+/// Load program `name` and attach it to the `sched_switch` raw tracepoint.
+fn attach_switch(bpf: &mut Ebpf, name: &str) -> Result<(), Refused> {
+    let sw: &mut RawTracePoint = bpf
+        .program_mut(name)
+        .ok_or_else(|| Refused { why: format!("BPF object has no {name} program") })?
+        .try_into()
+        .map_err(|e| refused("BPF program type", e))?;
+    sw.load().map_err(|e| refused(&format!("the kernel refused the BPF program {name}"), e))?;
+    sw.attach("sched_switch").map_err(|e| refused("attaching to sched_switch", e))?;
+    Ok(())
+}
+
 impl KernelSampler {
     /// Load and attach at `rate_hz` per CPU; with `native`, the program
     /// that copies each sampled thread's registers and stack too. Any
     /// refusal (no rights, no BPF, an old kernel, a verifier that
-    /// disagrees) is a [`Refused`], never a panic.
-    pub fn open(rate_hz: f64, native: Option<crate::native::NativeOptions>) -> Result<KernelSampler, Refused> {
+    /// disagrees) is a [`Refused`], never a panic. With `switch_records`
+    /// (`--mode wall` without `--native`), a thread's record is also taken
+    /// as it leaves its CPU (`off_cpu::Switched`).
+    pub fn open(rate_hz: f64, native: Option<crate::native::NativeOptions>, switch_records: bool) -> Result<KernelSampler, Refused> {
         if !(rate_hz.is_finite() && rate_hz > 0.0) {
             return Err(Refused { why: format!("rate {rate_hz} Hz") });
         }
@@ -115,14 +132,17 @@ impl KernelSampler {
         for cpu in cpus {
             links.push((cpu, attach(prog, cpu, rate_hz)?));
         }
-        if native.is_some() {
-            let sw: &mut RawTracePoint = bpf
-                .program_mut("switch_out")
-                .ok_or_else(|| Refused { why: "BPF object has no switch_out program".into() })?
-                .try_into()
-                .map_err(|e| refused("BPF program type", e))?;
-            sw.load().map_err(|e| refused("the kernel refused the BPF program switch_out", e))?;
-            sw.attach("sched_switch").map_err(|e| refused("attaching to sched_switch", e))?;
+        let mut switch_records = switch_records;
+        if native.is_some() || switch_records {
+            // A kernel before 5.18 passes sched_switch no prev_state: the
+            // program that reads it does not attach, and the one that keeps
+            // registers only does (wall mode then reads every thread off CPU).
+            if let Err(e) = attach_switch(&mut bpf, "switch_out") {
+                switch_records = false;
+                if native.is_some() {
+                    attach_switch(&mut bpf, "switch_out_regs").map_err(|_| e)?;
+                }
+            }
         }
         let take = |bpf: &mut Ebpf, name: &str| bpf.take_map(name).ok_or_else(|| Refused { why: format!("BPF object has no map {name}") });
         let targets = HashMap::try_from(take(&mut bpf, "TARGETS")?).map_err(|e| refused("TARGETS", e))?;
@@ -130,7 +150,28 @@ impl KernelSampler {
         let counts = PerCpuArray::try_from(take(&mut bpf, "COUNTS")?).map_err(|e| refused("COUNTS", e))?;
         let ring = RingBuf::try_from(take(&mut bpf, "RECORDS")?).map_err(|e| refused("RECORDS", e))?;
         let left = HashMap::try_from(take(&mut bpf, "LEFT")?).map_err(|e| refused("LEFT", e))?;
-        Ok(KernelSampler { bpf, targets, threads, counts, ring, left, links, rate_hz, native, _stats: stats })
+        let settings = Array::try_from(take(&mut bpf, "SETTINGS")?).map_err(|e| refused("SETTINGS", e))?;
+        let mut k = KernelSampler { bpf, targets, threads, settings, counts, ring, left, links, rate_hz, native, switch_records, _stats: stats };
+        k.write_settings().map_err(|e| refused("SETTINGS", e))?;
+        Ok(k)
+    }
+
+    /// SETTINGS for the rate in force. A thread's switch-out is recorded at
+    /// most twice a period: its CPU time for them is bounded by the rate,
+    /// as that of the ticks is, however often it switches (one waking
+    /// 50,000 times a second would otherwise cost a record at each).
+    fn write_settings(&mut self) -> crate::error::Result<()> {
+        let s = Settings {
+            switch_gap_ns: if self.switch_records { (period_ns(self.rate_hz) / 2).max(1) } else { 0 },
+            keep_regs: u32::from(self.native.is_some()),
+            pad: 0,
+        };
+        self.settings.set(0, s, 0).map_err(|e| map_error("SETTINGS", e))
+    }
+
+    /// Whether a record is taken as each target thread leaves its CPU.
+    pub fn switch_records(&self) -> bool {
+        self.switch_records
     }
 
     /// `--native`'s options, when the program copies native stacks.
@@ -160,7 +201,7 @@ impl KernelSampler {
             let _ = prog.detach(old);
         }
         self.rate_hz = rate_hz;
-        Ok(())
+        self.write_settings().map_err(|e| refused("SETTINGS", e))
     }
 
     pub fn set_target(&mut self, pid: u32, cfg: TargetConfig) -> crate::error::Result<()> {
@@ -179,7 +220,7 @@ impl KernelSampler {
     }
 
     pub fn set_thread(&mut self, tid: u32, tstate: u64) -> crate::error::Result<()> {
-        self.threads.insert(tid, tstate, 0).map_err(|e| map_error("THREADS", e))
+        self.threads.insert(tid, ThreadEntry { tstate, switch_ns: 0 }, 0).map_err(|e| map_error("THREADS", e))
     }
 
     /// Out of THREADS, and its kept registers with it (LEFT is keyed by

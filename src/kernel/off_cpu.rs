@@ -8,6 +8,12 @@
 //! ptrace sampler's holders read without a stop. So at each tick every
 //! thread proven off CPU is read, and nothing is stopped.
 //!
+//! Most of those threads need no read: the switch program took the same
+//! record a tick takes as each left its CPU ([`Switched`]), and a thread
+//! off CPU since that very switch-out still has that stack at the tick.
+//! Whether a thread's stack comes from that record or from a read is
+//! decided by the switch records' times alone, before either is looked at.
+//!
 //! Which half samples a thread is decided at the tick, before its stack is
 //! looked at: proven off CPU, it is read here; otherwise it is on a CPU (or
 //! not yet known) and the perf event of that CPU samples it. A thread
@@ -132,23 +138,79 @@ pub enum OffCpu<'a> {
     Moved(&'a ThreadStack),
 }
 
+/// The switches recorded so far, taken in once per tick for every target
+/// (per target, 16 targets polled every CPU's ring 16 times a tick).
+pub fn poll_switches() {
+    crate::process::occupancy::with(|o| o.poll());
+}
+
 /// The threads of `target` on no CPU at `at` (CLOCK_MONOTONIC ns, the
-/// tick's instant) and since: (host tid, switch-ins so far), and the
-/// generation those counts belong to. None when the kernel refuses
-/// CPU-wide context-switch events.
+/// tick's instant) and since, as of the last [`poll_switches`], which
+/// came after `at`: (host tid, switch-ins so far, its last run where
+/// recorded), and the generation those counts belong to. None when the
+/// kernel refuses CPU-wide context-switch events.
 pub fn proven_off(target: &KernelTarget, at: u64) -> Option<Proven> {
     crate::process::occupancy::with(|o| {
-        o.poll();
-        Proven { generation: o.generation(), off: target.tids().filter_map(|tid| o.off_cpu_since(tid as i32, at).map(|ins| (tid, ins))).collect() }
+        let off = target.tids().filter_map(|tid| o.off_cpu_since(tid as i32, at).map(|ins| (tid, ins, o.last_run(tid as i32)))).collect();
+        Proven { generation: o.generation(), off }
     })
 }
+
+/// A thread's last run: its switch-in and the switch-out that ended it
+/// (CLOCK_MONOTONIC ns), where both were recorded.
+pub type LastRun = Option<(u64, u64)>;
 
 /// What [`proven_off`] proved at one tick.
 pub struct Proven {
     generation: u64,
-    /// (host tid, switch-ins so far).
-    pub off: Vec<(u32, u32)>,
+    /// (host tid, switch-ins so far, its last run).
+    pub off: Vec<(u32, u32, LastRun)>,
 }
+
+/// Each thread's record from the switch program (`FLAG_SWITCH_OUT`), the
+/// latest only: taken as the thread left its CPU, before the switch, so
+/// if it was taken within the thread's last run (after the switch-in
+/// that began it, at or before the switch-out that ended it, both from
+/// the context-switch records on the same clock) it was taken at the
+/// switch-out that ended it, and the thread has not run since.
+#[derive(Default)]
+pub struct Switched {
+    /// Host tid → (the record's time, the record).
+    last: HashMap<u32, (u64, Vec<u8>)>,
+}
+
+impl Switched {
+    /// Keep `rec`, taken at `time`, as `tid`'s latest.
+    pub fn keep(&mut self, tid: u32, time: u64, rec: &[u8]) {
+        let e = self.last.entry(tid).or_default();
+        if time >= e.0 {
+            e.0 = time;
+            e.1.clear();
+            e.1.extend_from_slice(rec);
+        }
+    }
+
+    /// A record of `tid` too old to serve, or unusable (a read in it
+    /// failed): its run's stack is read from user space.
+    pub fn forget(&mut self, tid: u32) {
+        self.last.remove(&tid);
+    }
+
+    /// Keep only the threads `keep` says still exist.
+    pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
+        self.last.retain(|tid, _| keep(*tid));
+    }
+
+    /// The record taken as `tid`'s run `run` (switch-in, switch-out) ended.
+    fn for_run(&self, tid: u32, run: LastRun) -> Option<&[u8]> {
+        let (started, ended) = run?;
+        self.last.get(&tid).filter(|(t, _)| started < *t && *t <= ended).map(|(_, rec)| &rec[..])
+    }
+}
+
+/// Turns a switch record into the thread's stack (`torn` when it could
+/// not be walked), with the session for the code objects' reads.
+pub type FromRecord<'a> = &'a mut dyn FnMut(&[u8], &Session) -> ThreadStack;
 
 /// The stacks of threads read on no CPU, kept while they stay there. A
 /// thread with the switch-in count it had when read (in the same
@@ -168,15 +230,19 @@ pub struct Carry {
 }
 
 /// Hand `emit` each thread of `proven` (proven off CPU before the read) as
-/// an exact stack or a moved one: carried over (see [`Carry`]) or read now
-/// from `session` without stopping any thread, only those that may have
-/// moved. Threads not proven off are the perf events' to sample. Returns
-/// how the read went (one lock-free snapshot, or none when all carry).
+/// an exact stack or a moved one: carried over (see [`Carry`]), from the
+/// record taken as it left its CPU (see [`Switched`], turned into a stack
+/// by `from_record`), or read now from `session` without stopping any
+/// thread, only those that may have moved. Threads not proven off are the
+/// perf events' to sample. Returns how the read went (one lock-free
+/// snapshot, or none when all carry).
+#[allow(clippy::too_many_arguments)]
 pub fn read(
     session: &mut Session,
     proven: &Proven,
     needs: SnapshotNeeds,
     carry: &mut Carry,
+    mut switched: Option<(&Switched, FromRecord)>,
     mut native: Option<(&mut KernelNative, &KernelSampler)>,
     emit: &mut dyn FnMut(OffCpu),
 ) -> Result<Counters> {
@@ -186,16 +252,32 @@ pub fn read(
     }
     let off = &proven.off;
     // By tid, not a search of `off` per thread: 500 threads made it 250,000 compares a tick.
-    let index: HashMap<u64, usize> = off.iter().enumerate().map(|(i, &(tid, _))| (u64::from(tid), i)).collect();
+    let index: HashMap<u64, usize> = off.iter().enumerate().map(|(i, &(tid, _, _))| (u64::from(tid), i)).collect();
     carry.stacks.retain(|tid, _| index.contains_key(&u64::from(*tid)));
-    let fresh: Vec<u64> = off.iter().filter(|(tid, ins)| carry.stacks.get(tid).is_none_or(|c| c.0 != *ins)).map(|&(tid, _)| u64::from(tid)).collect();
     let mut counts = Counters::default();
+    let mut fresh: Vec<u64> = Vec::new();
     // The carried ones first: those read below are not in `stacks` yet.
-    for &(tid, ins) in off {
+    for &(tid, ins, run) in off {
         if let Some((_, t)) = carry.stacks.get(&tid).filter(|c| c.0 == ins) {
             counts.carried += 1;
             emit(OffCpu::Stack(t));
+            continue;
         }
+        // Its run's end was recorded: that is its stack since, whatever it holds.
+        if let Some((sw, from_record)) = switched.as_mut() {
+            if let Some(rec) = sw.for_run(tid, run) {
+                let t = from_record(rec, session);
+                counts.from_switch_out += 1;
+                if t.torn {
+                    emit(OffCpu::Moved(&t));
+                } else {
+                    emit(OffCpu::Stack(&t));
+                    carry.stacks.insert(tid, (ins, t));
+                }
+                continue;
+            }
+        }
+        fresh.push(u64::from(tid));
     }
     counts.carried_ticks = u64::from(counts.carried > 0);
     if fresh.is_empty() {
@@ -216,7 +298,7 @@ pub fn read(
     let end = crate::process::monotonic_ns();
     let ran: Vec<bool> = crate::process::occupancy::with(|o| {
         o.poll();
-        off.iter().map(|&(tid, ins)| o.ran_before(tid as i32, ins, end)).collect()
+        off.iter().map(|&(tid, ins, _)| o.ran_before(tid as i32, ins, end)).collect()
     })
     .unwrap_or_else(|| vec![true; off.len()]);
     // A thread's `native_id` is the host's (as the snapshot gives it).
@@ -264,6 +346,31 @@ mod tests {
         assert!(t.covers(at + t.period / 2), "the taken tick's period");
         assert!(t.covers(at + 5 * t.period), "a tick not yet due");
         assert!(t.until_next() <= Duration::from_millis(1));
+    }
+
+    /// A thread's switch record serves the run it ended: taken after that
+    /// run's switch-in and not after its switch-out. An older record (a
+    /// run whose end the program skipped) or one not yet ended serves
+    /// nothing; a later record replaces an earlier one, never the reverse.
+    #[test]
+    fn a_switch_record_serves_only_the_run_it_ended() {
+        let mut sw = Switched::default();
+        sw.keep(7, 1_000, b"first");
+        assert_eq!(sw.for_run(7, Some((500, 1_000))), Some(&b"first"[..]), "taken at the switch-out's instant");
+        assert_eq!(sw.for_run(7, Some((500, 1_200))), Some(&b"first"[..]), "taken before the switch-out's record");
+        assert_eq!(sw.for_run(7, Some((1_000, 2_000))), None, "taken before the run began");
+        assert_eq!(sw.for_run(7, Some((1_500, 2_000))), None, "a later run, whose end was not taken");
+        assert_eq!(sw.for_run(7, Some((100, 900))), None, "taken after that run ended");
+        assert_eq!(sw.for_run(7, None), None, "no run recorded");
+        assert_eq!(sw.for_run(8, Some((500, 1_000))), None, "another thread");
+        sw.keep(7, 2_000, b"second");
+        sw.keep(7, 1_500, b"stale");
+        assert_eq!(sw.for_run(7, Some((1_800, 2_000))), Some(&b"second"[..]));
+        sw.forget(7);
+        assert_eq!(sw.for_run(7, Some((1_800, 2_000))), None, "forgotten");
+        sw.keep(9, 10, b"x");
+        sw.retain(|tid| tid != 9);
+        assert_eq!(sw.for_run(9, Some((5, 10))), None, "a thread gone from the map");
     }
 
     /// Aligned once to a firing, the ticks fall half a period from it

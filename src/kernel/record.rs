@@ -18,6 +18,9 @@ pub const FLAG_WORD_FAULT: u16 = 8;
 pub const FLAG_NATIVE: u16 = 16;
 /// `--native`: the user registers could not be read; the tail is empty.
 pub const FLAG_NO_REGS: u16 = 32;
+/// Taken by the switch program as its thread left its CPU (`--mode wall`),
+/// not at a tick: see `off_cpu::Switched`.
+pub const FLAG_SWITCH_OUT: u16 = 64;
 
 pub const NO_CFRAME: u32 = u32::MAX;
 /// A thread-state field this version lacks.
@@ -56,6 +59,32 @@ const _: () = assert!(std::mem::size_of::<TargetConfig>() == 96);
 
 // SAFETY: plain integers, repr(C), no padding (checked above).
 unsafe impl aya::Pod for TargetConfig {}
+
+/// `struct thread`: THREADS' value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThreadEntry {
+    pub tstate: u64,
+    /// The switch program's own: when it last took this thread's record.
+    pub switch_ns: u64,
+}
+
+// SAFETY: plain integers, repr(C), no padding.
+unsafe impl aya::Pod for ThreadEntry {}
+
+/// `struct settings`: SETTINGS[0].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// A record at a thread's switch-out at most this often (0: never).
+    pub switch_gap_ns: u64,
+    /// `--native`: keep each thread's user registers as it leaves its CPU.
+    pub keep_regs: u32,
+    pub pad: u32,
+}
+
+// SAFETY: plain integers, repr(C), no padding.
+unsafe impl aya::Pod for Settings {}
 
 /// `struct left`: the user registers a thread last left its CPU with.
 #[repr(C)]

@@ -14,14 +14,14 @@ use crate::profile::model::KernelSampling;
 use crate::python::snapshot::SnapshotNeeds;
 use crate::sampler::{Discover, Mode, Progress, STOP, Sample, SamplerStats, SamplingConfig, Sink, StopReason};
 use crate::session::Session;
-use crate::stack::Frame;
+use crate::stack::{Frame, ThreadStack};
 use crate::thread_filter::{NameKnown, ThreadFilter};
 
-use super::convert::Outcome;
+use super::convert::{Converter, Outcome};
 use super::loader::{KernelSampler, ProgramCost};
 use super::off_cpu::{self, OffCpu, Ticks};
-use super::record::{FLAG_FAULT, FLAG_NO_TSTATE, FLAG_TRUNCATED, FLAG_WORD_FAULT, HEADER_LEN, Header};
-use super::target::KernelTarget;
+use super::record::{FLAG_FAULT, FLAG_NO_TSTATE, FLAG_SWITCH_OUT, FLAG_TRUNCATED, FLAG_WORD_FAULT, HEADER_LEN, Header};
+use super::target::{KernelTarget, PythonNames};
 
 /// What the kernel sampler saw (the counts `meta.sampling.kernel` keeps)
 /// and what its program cost.
@@ -38,6 +38,71 @@ fn drain_period(rate_hz: f64) -> Duration {
     Duration::from_secs_f64((50.0 / rate_hz.max(1.0)).clamp(0.001, 0.020))
 }
 
+/// Records drained before a tick, handled after it.
+#[derive(Default)]
+struct Pending {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Pending {
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+    }
+
+    fn push(&mut self, rec: &[u8]) {
+        self.bytes.extend_from_slice(rec);
+        self.ends.push(self.bytes.len());
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        let mut start = 0;
+        self.ends.iter().map(move |&end| {
+            let rec = &self.bytes[start..end];
+            start = end;
+            rec
+        })
+    }
+}
+
+/// The stack of a switch record (`off_cpu::Switched`), made as a tick's
+/// record's is (`run`), counting into `made` what that counts.
+fn switch_stack(
+    converter: &mut Converter,
+    names: &PythonNames,
+    rec: &[u8],
+    s: &Session,
+    locked_shift: u32,
+    gc_frame: Option<&Frame>,
+    made: &mut KernelSampling,
+) -> ThreadStack {
+    let mut t = ThreadStack::default();
+    let Some(h) = Header::parse(rec) else {
+        t.torn = true;
+        return t;
+    };
+    t.native_id = Some(u64::from(h.tid));
+    t.name = names.get(h.tid).map(str::to_owned);
+    match converter.stack(&h, &rec[HEADER_LEN..], &s.attached().mem, &mut t.frames) {
+        Ok(Outcome::Stack) => {}
+        Ok(Outcome::MidPush) => made.mid_push += 1,
+        Ok(Outcome::Torn) | Err(_) => {
+            made.torn += 1;
+            t.torn = true;
+            t.frames.clear();
+            return t;
+        }
+    }
+    made.code_gone += u64::from(converter.shows_gone(&t.frames));
+    t.holds_gil = holds_gil(&h, locked_shift);
+    if let Some(f) = gc_frame.filter(|_| t.holds_gil && h.gc as u32 != 0) {
+        t.frames.insert(0, f.clone());
+        t.in_gc = true;
+    }
+    t
+}
+
 /// A record's GIL words say its thread held the GIL.
 fn holds_gil(h: &Header, locked_shift: u32) -> bool {
     (h.gil_locked >> locked_shift) as u32 == 1 && h.gil_holder == h.tstate && h.tstate != 0
@@ -52,6 +117,8 @@ struct Proc {
     locked_shift: u32,
     /// Wall mode: stacks of threads still on no CPU since they were read.
     carry: off_cpu::Carry,
+    /// Wall mode: each thread's record from its last switch-out.
+    switched: off_cpu::Switched,
     /// `--thread`/`--main-thread`: the threads sampled, in both halves.
     filter: ThreadFilter,
 }
@@ -67,7 +134,16 @@ impl Proc {
         let command = a.target.cmdline().join(" ");
         // Taken before wall mode's reads narrow the session's selection to the threads off CPU.
         let filter = s.selected_threads().clone();
-        Ok(Proc { target, command, names: HashMap::new(), session: si, locked_shift, carry: off_cpu::Carry::default(), filter })
+        Ok(Proc {
+            target,
+            command,
+            names: HashMap::new(),
+            session: si,
+            locked_shift,
+            carry: off_cpu::Carry::default(),
+            switched: off_cpu::Switched::default(),
+            filter,
+        })
     }
 }
 
@@ -189,6 +265,7 @@ pub fn run(
     // entry per thread ever seen would grow without bound.
     let count_threads = !cfg.run_without_targets;
     let mut frames: Vec<Frame> = Vec::new();
+    let mut pending = Pending::default();
     let mut last_progress = Duration::ZERO;
     let mut last_alive = Instant::now();
     let mut last_thorough = Instant::now();
@@ -218,16 +295,44 @@ pub fn run(
         let now = Instant::now();
         periods += (now - last_loop).as_secs_f64() * rate_hz;
         last_loop = now;
+        // Records taken at switch-outs are needed in hand by the tick that
+        // may use them: the ring is drained first, the others kept aside
+        // and handled after the tick, as they are without them.
+        pending.clear();
+        if k.switch_records() {
+            k.drain(|rec| {
+                let Some(h) = Header::parse(rec) else { return };
+                if h.flags & FLAG_SWITCH_OUT == 0 {
+                    pending.push(rec);
+                    return;
+                }
+                ks.counts.switch_out_records += 1;
+                let Some(p) = procs.get_mut(&h.pid) else { return };
+                // A read in it failed: that run's stack is read at the tick instead.
+                if h.flags & (FLAG_FAULT | FLAG_WORD_FAULT | FLAG_NO_TSTATE) != 0 {
+                    p.switched.forget(h.tid);
+                } else {
+                    p.switched.keep(h.tid, h.time_ns, rec);
+                }
+            });
+        }
         // The tick first: the records drained after it know whether the
         // tick of their period was skipped.
         if let Some((t, at)) = ticks.as_mut().and_then(|t| t.take_due().map(|at| (t, at))) {
+            off_cpu::poll_switches();
             for p in procs.values_mut() {
                 let Some(mut off) = off_cpu::proven_off(&p.target, at) else { continue };
-                off.off.retain(|&(tid, _)| selects(&p.filter, &p.target, &mut p.names, tid));
+                off.off.retain(|&(tid, _, _)| selects(&p.filter, &p.target, &mut p.names, tid));
                 let (pid, command, names, carry) = (p.target.pid, &p.command, &mut p.names, &mut p.carry);
                 let gc_frames = sessions[p.session].gc_frames();
+                let gc_frame = sessions[p.session].gc_frame().cloned();
                 let gc_samples = &mut stats.gc_samples;
-                let read = off_cpu::read(&mut sessions[p.session], &off, wall_needs, carry, p.target.native.as_mut().map(|n| (n, &*k)), &mut |o| {
+                let locked_shift = p.locked_shift;
+                let (converter, py_names, native) = p.target.parts();
+                let mut made = KernelSampling::default();
+                let mut from_record = |rec: &[u8], s: &Session| switch_stack(converter, &py_names, rec, s, locked_shift, gc_frame.as_ref(), &mut made);
+                let switched = k.switch_records().then_some((&p.switched, &mut from_record as off_cpu::FromRecord));
+                let read = off_cpu::read(&mut sessions[p.session], &off, wall_needs, carry, switched, native.map(|n| (n, &*k)), &mut |o| {
                     // `<GC>` is on a stack that stands (the session put it
                     // there), never on a torn one.
                     let (t, frames, in_gc) = match o {
@@ -245,7 +350,8 @@ pub fn run(
                         *gc_samples.get_or_insert(0) += 1;
                     }
                     let tid = t.native_id.unwrap_or(0) as u32;
-                    let name = names.entry(tid).or_insert_with(|| t.name.clone());
+                    // As a tick's record: else the kernel's name for it.
+                    let name = names.entry(tid).or_insert_with(|| t.name.clone().or_else(|| crate::process::task_comm(pid, tid as i32)));
                     if count_threads {
                         *per_thread.entry(tid).or_insert(0) += 1;
                     }
@@ -261,13 +367,19 @@ pub fn run(
                     // metrics label by it: a message would be a new series).
                     Err(e) => *stats.errors.entry(crate::sampler::error_kind(&e).into()).or_insert(0) += 1,
                 }
+                ks.counts.mid_push += made.mid_push;
+                ks.counts.torn += made.torn;
+                ks.counts.code_gone += made.code_gone;
             }
             ks.counts.wall_ticks = t.taken;
             ks.counts.wall_ticks_skipped = t.skipped;
         }
         let now_ns = monotonic_ns();
-        k.drain(|rec| {
+        let mut handle = |rec: &[u8]| {
             let Some(h) = Header::parse(rec) else { return };
+            if h.flags & FLAG_SWITCH_OUT != 0 {
+                return;
+            }
             ks.counts.records += 1;
             let Some(p) = procs.get_mut(&h.pid) else { return };
             ks.counts.max_lag_us = ks.counts.max_lag_us.max(now_ns.saturating_sub(h.time_ns) / 1000);
@@ -351,11 +463,18 @@ pub fn run(
                 on_cpu: true,
                 in_gc: gc_frame.is_some(),
             });
-        });
+        };
+        if k.switch_records() {
+            pending.iter().for_each(&mut handle);
+        } else {
+            k.drain(handle);
+        }
         for p in procs.values_mut() {
             if p.target.due() {
                 // A list read while the target changes it may fail: the next one will do.
                 let _ = p.target.refresh(k, sessions[p.session].attached());
+                let target = &p.target;
+                p.switched.retain(|tid| target.has_thread(tid));
             }
         }
         let elapsed = start.elapsed();
@@ -420,6 +539,7 @@ pub fn run(
     }
     ks.program = k.cost();
     ks.counts.off_cpu_carried = stats.counts.carried;
+    ks.counts.off_cpu_from_switch = stats.counts.from_switch_out;
     ks.counts.lost = ks.program.lost;
     ks.counts.program_ns = ks.program.run_time.as_nanos() as u64;
     ks.counts.program_runs = ks.program.runs;
@@ -465,8 +585,15 @@ impl KernelStats {
             String::new()
         } + &if c.wall_ticks > 0 {
             format!(
-                "; wall mode: {} ticks ({} skipped, late, with the {} records in them), {} stacks of threads on no CPU from user space ({} carried over unchanged, {} moved while read)",
-                c.wall_ticks, c.wall_ticks_skipped, c.in_skipped_ticks, c.off_cpu, c.off_cpu_carried, c.off_cpu_moved
+                "; wall mode: {} ticks ({} skipped, late, with the {} records in them), {} stacks of threads on no CPU: {} from the record taken as the thread left its CPU (of {} such records), {} carried over unchanged, the rest read from user space ({} moved while read)",
+                c.wall_ticks,
+                c.wall_ticks_skipped,
+                c.in_skipped_ticks,
+                c.off_cpu,
+                c.off_cpu_from_switch,
+                c.switch_out_records,
+                c.off_cpu_carried,
+                c.off_cpu_moved
             )
         } else {
             String::new()

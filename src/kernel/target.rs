@@ -41,6 +41,19 @@ pub struct KernelTarget {
     stale: bool,
 }
 
+/// A target's `threading` names by host tid.
+pub struct PythonNames<'a> {
+    idents: &'a HashMap<u32, (u64, u64)>,
+    names: &'a NameCache,
+}
+
+impl<'a> PythonNames<'a> {
+    pub fn get(&self, tid: u32) -> Option<&'a str> {
+        let &(interp, ident) = self.idents.get(&tid)?;
+        self.names.get(interp, ident)
+    }
+}
+
 impl KernelTarget {
     /// Register `a` with the program. Errors when its frames need more
     /// bytes than the program copies (no such build is known).
@@ -130,8 +143,18 @@ impl KernelTarget {
 
     /// Host thread `tid`'s `threading` name, if it has one and it was read.
     pub fn python_name(&self, tid: u32) -> Option<&str> {
-        let &(interp, ident) = self.idents.get(&tid)?;
-        self.py_names.get(interp, ident)
+        PythonNames { idents: &self.idents, names: &self.py_names }.get(tid)
+    }
+
+    /// The converter and the `threading` names beside it (a record's
+    /// stack and its thread's name), and `--native`'s unwinder, in one borrow.
+    pub fn parts(&mut self) -> (&mut Converter, PythonNames<'_>, Option<&mut KernelNative>) {
+        (&mut self.converter, PythonNames { idents: &self.idents, names: &self.py_names }, self.native.as_mut())
+    }
+
+    /// Whether host thread `tid` is in the map.
+    pub fn has_thread(&self, tid: u32) -> bool {
+        self.tids.contains_key(&tid)
     }
 
     /// Take the target and its threads out of the program's maps.

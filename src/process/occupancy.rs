@@ -229,6 +229,13 @@ impl Occupancy {
         }
     }
 
+    /// The last run of `tid`, off CPU since it ended, as of the last poll:
+    /// (its switch-in, the switch-out that ended it), both recorded.
+    pub fn last_run(&self, tid: i32) -> Option<(u64, u64)> {
+        let s = self.threads.get(&tid)?;
+        (s.off && !s.exited && s.in_time != 0 && s.time > s.in_time).then_some((s.in_time, s.time))
+    }
+
     /// Switch-in counts ([`Self::off_cpu`]) compare only within one
     /// generation: a new one starts whenever the counts were forgotten.
     pub fn generation(&self) -> u64 {

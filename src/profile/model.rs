@@ -200,6 +200,13 @@ pub struct KernelSampling {
     /// switched in since it was read (`kernel::off_cpu::Carry`).
     #[serde(default)]
     pub off_cpu_carried: u64,
+    /// `--mode wall`: records taken as a target thread left its CPU, and of
+    /// `off_cpu`, the stacks taken from one (`kernel::off_cpu::Switched`)
+    /// instead of read.
+    #[serde(default)]
+    pub switch_out_records: u64,
+    #[serde(default)]
+    pub off_cpu_from_switch: u64,
     /// `--mode wall`: records that fell in a tick the user-space half
     /// skipped, dropped with it (see `kernel::off_cpu::Ticks`).
     #[serde(default)]

@@ -36,8 +36,15 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__type(key, __u32);           // tid, as the host sees it
-	__type(value, __u64);         // its thread state's address
+	__type(value, struct thread);
 } THREADS SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct settings);
+} SETTINGS SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -51,6 +58,15 @@ struct {
 	__type(key, __u32);
 	__type(value, struct record);
 } SCRATCH SEC(".maps");
+
+// The switch program's record being built, per CPU: its own, so that
+// nothing it shares can be overwritten by a capture on the same CPU.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct record);
+} SWITCH_SCRATCH SEC(".maps");
 
 // `--native`: one record with its native tail, per CPU (user space sets
 // max_entries to the number of CPUs; larger than a per-CPU value may be).
@@ -155,19 +171,19 @@ static __always_inline __u64 take(struct record *r, const struct target *t, __u3
 	__u32 fb = t->frame_bytes & (MAX_FRAME_BYTES - 8);
 	__u32 prev = t->previous_off & (MAX_FRAME_BYTES - 8);
 	h->frame_bytes = fb;
-	__u64 *ts = bpf_map_lookup_elem(&THREADS, &tid);
-	h->tstate = ts ? *ts : 0;
-	if (!ts) {
+	struct thread *th = bpf_map_lookup_elem(&THREADS, &tid);
+	h->tstate = th ? th->tstate : 0;
+	if (!th) {
 		// A thread user space has not mapped yet: it learns of it here.
 		h->flags |= FLAG_NO_TSTATE;
 		goto send;
 	}
-	__u64 frame = word(*ts + t->frame_off, &h->flags, FLAG_FAULT);
+	__u64 frame = word(h->tstate + t->frame_off, &h->flags, FLAG_FAULT);
 	if (t->cframe_off != NO_CFRAME && frame)
 		frame = word(frame + t->cframe_off, &h->flags, FLAG_FAULT);
 	h->frame = frame;
 	if (t->tracing_off != NO_FIELD)
-		h->tracing = (__u32)word(*ts + t->tracing_off, &h->flags, FLAG_WORD_FAULT);
+		h->tracing = (__u32)word(h->tstate + t->tracing_off, &h->flags, FLAG_WORD_FAULT);
 	__u32 code_off = t->code_off & (MAX_FRAME_BYTES - 8);
 	if (h->flags || fb < 8 || prev + 8 > fb || code_off + 8 > fb)
 		goto words;
@@ -244,23 +260,71 @@ static __always_inline long user_regs(struct left *out)
 	return err;
 }
 
-// `--native`, wall mode: a target thread leaving its CPU (the tracepoint
-// runs on it, before the switch) leaves its user registers in LEFT. Until
-// it runs again they are its registers, so user space can unwind the C
-// stack of a thread it proves off CPU without stopping it.
-SEC("raw_tracepoint/sched_switch")
-int switch_out(void *ctx)
+// A target thread leaving its CPU (the tracepoint runs on it, before the
+// switch). Until it runs again nothing moves its frames or its registers:
+// what is taken here is what it is while it stays off.
+// `--mode wall`: the same record a tick takes, flagged FLAG_SWITCH_OUT, for
+// a thread that leaves its CPU still runnable (preempted: it will be
+// waiting for a CPU, and a user-space read of it at the tick would be
+// wasted as soon as it runs again), at most once per switch_gap_ns per
+// thread; user space uses it for a tick that finds the thread off CPU
+// since this very switch. A thread that blocks is read at the tick, and
+// carried over while it stays blocked.
+// `--native`, wall mode: its user registers in LEFT, from which user
+// space unwinds the C stack of a thread it proves off CPU.
+static __always_inline int on_switch(int runnable)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id;
-	if (!bpf_map_lookup_elem(&TARGETS, &tgid))
+	struct target *t = bpf_map_lookup_elem(&TARGETS, &tgid);
+	if (!t)
 		return 0;
-	struct left u;
-	if (user_regs(&u))
-		bpf_map_delete_elem(&LEFT, &tid);
-	else
-		bpf_map_update_elem(&LEFT, &tid, &u, BPF_ANY);
+	__u32 zero = 0;
+	struct settings *s = bpf_map_lookup_elem(&SETTINGS, &zero);
+	if (!s)
+		return 0;
+	if (s->keep_regs) {
+		struct left u;
+		if (user_regs(&u))
+			bpf_map_delete_elem(&LEFT, &tid);
+		else
+			bpf_map_update_elem(&LEFT, &tid, &u, BPF_ANY);
+	}
+	if (!s->switch_gap_ns || !runnable)
+		return 0;
+	struct thread *th = bpf_map_lookup_elem(&THREADS, &tid);
+	if (!th)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	if (now - th->switch_ns < s->switch_gap_ns)
+		return 0;
+	th->switch_ns = now;
+	struct record *r = bpf_map_lookup_elem(&SWITCH_SCRATCH, &zero);
+	if (!r)
+		return 0;
+	__u64 len = take(r, t, tgid, tid, now);
+	r->h.flags |= FLAG_SWITCH_OUT;
+	if (bpf_ringbuf_output(&RECORDS, r, len, BPF_RB_NO_WAKEUP))
+		count(1);
 	return 0;
+}
+
+// Linux 5.18+: the tracepoint's arguments are (preempt, prev, next,
+// prev_state); the thread is runnable when preempted in the kernel or
+// when it left in state TASK_RUNNING (0), preempted on its way back to
+// user space.
+SEC("raw_tracepoint/sched_switch")
+int switch_out(struct bpf_raw_tracepoint_args *ctx)
+{
+	return on_switch(ctx->args[0] || ctx->args[3] == 0);
+}
+
+// Older kernels pass no prev_state (attaching the above fails): no
+// records, LEFT only.
+SEC("raw_tracepoint/sched_switch")
+int switch_out_regs(struct bpf_raw_tracepoint_args *ctx)
+{
+	return on_switch(0);
 }
 
 // `--native`: the same record, then the thread's user registers and its

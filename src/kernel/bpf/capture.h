@@ -13,6 +13,7 @@
 #define FLAG_WORD_FAULT 8   /* a GIL or GC word could not be read */
 #define FLAG_NATIVE 16      /* a native_tail follows the frames */
 #define FLAG_NO_REGS 32     /* the user registers could not be read: no stack */
+#define FLAG_SWITCH_OUT 64  /* taken as the thread left its CPU, not at a tick */
 
 /* How a frame's code object is told apart from one that later takes its
  * address, mixed into one word: IDENT_WORD, its `co_version` word (3.12+: no
@@ -48,6 +49,19 @@ struct target {
 };
 
 #define IDENT_SPAN 64
+
+/* A thread user space knows: THREADS' value. */
+struct thread {
+	__u64 tstate;       /* its thread state's address */
+	__u64 switch_ns;    /* when the switch program last took its record */
+};
+
+/* What the switch program does, for every target (SETTINGS[0]). */
+struct settings {
+	__u64 switch_gap_ns; /* a record at a switch-out at most this often per thread; 0: none */
+	__u32 keep_regs;     /* --native: keep the user registers in LEFT */
+	__u32 pad;
+};
 
 struct header {
 	__u64 time_ns;      /* CLOCK_MONOTONIC */
