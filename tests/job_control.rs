@@ -80,11 +80,47 @@ fn assert_ends_well(child: Child, what: &str) {
     assert!(out.status.success() && !stderr.contains("panicked"), "{what}: {:?} {stderr}", out.status);
 }
 
+/// The target's exit status, once it has ended; a target still alive after
+/// 30 s fails the test with what each of its threads was doing (an unbounded
+/// wait would only end at the watchdog, which cannot say which case hung).
+fn wait_bounded(target: &mut TargetProcess) -> std::process::ExitStatus {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = target.child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > until {
+            let pid = target.pid();
+            let threads: Vec<String> =
+                std::fs::read_dir(format!("/proc/{pid}/task")).map(|dir| dir.filter_map(|e| describe_thread(&e.ok()?.path())).collect()).unwrap_or_default();
+            let lines: Vec<String> = target.later.try_iter().collect();
+            panic!("the target did not end within 30 s of SIGUSR1: threads {threads:?}; its last lines {lines:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// "TID NAME STATE wchan W tracer T pending P blocked B", from /proc.
+fn describe_thread(task: &std::path::Path) -> Option<String> {
+    let status = std::fs::read_to_string(task.join("status")).ok()?;
+    let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).map(str::trim).unwrap_or("?");
+    let wchan = std::fs::read_to_string(task.join("wchan")).unwrap_or_default();
+    Some(format!(
+        "{} {} {} wchan {wchan} tracer {} pending {} blocked {}",
+        field("Pid:"),
+        field("Name:"),
+        field("State:"),
+        field("TracerPid:"),
+        field("SigPnd:"),
+        field("SigBlk:")
+    ))
+}
+
 /// Tells the target to finish and checks its work and what its handlers saw.
 fn finish(mut target: TargetProcess, trap: u64, cont: u64) {
     while target.later.try_recv().is_ok() {}
     signal(target.pid(), libc::SIGUSR1);
-    let status = target.child.wait().unwrap();
+    let status = wait_bounded(&mut target);
     assert!(status.success(), "target ended with {status:?}");
     let last = std::iter::from_fn(|| target.later.recv_timeout(Duration::from_secs(5)).ok()).last().expect("the target's result");
     let result: Value = serde_json::from_str(&last).unwrap_or_else(|e| panic!("{last:?}: {e}"));
