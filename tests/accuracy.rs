@@ -655,12 +655,10 @@ const CHURN_SECS: f64 = 3.0;
 const CHURN_BOUND_PP: f64 = 2.0;
 const CHURN_MIN_KEPT_PCT: f64 = 99.0;
 
-/// Processes that spin at the target's priority (nice -20), `per_cpu` per
-/// online CPU: beside them the target waits for a CPU most of the time.
-fn cpu_hogs(py: &Interpreter, per_cpu: usize) -> Vec<TargetProcess> {
-    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let argv = niced(vec!["sh".into(), "-c".into(), "echo ready; while :; do :; done".into()]);
-    (0..per_cpu * cpus).map(|_| spawn_argv(&py.label, &argv)).collect()
+/// [`common::cpu_hogs`] at the target's priority (nice -20): beside them
+/// the target waits for a CPU most of the time.
+fn cpu_hogs_niced(py: &Interpreter, per_cpu: usize) -> Vec<TargetProcess> {
+    cpu_hogs(&py.label, per_cpu, -20)
 }
 
 /// One measurement of time_slices.py at 1 kHz and at 10 kHz, on one process.
@@ -668,9 +666,9 @@ fn measure_churn(py: &Interpreter, extra: &[&str]) -> Outcome {
     measure_churn_beside(py, extra, 0, &[1000, 10_000])
 }
 
-/// [`measure_churn`] at `rates` beside [`cpu_hogs`] (`hogs` per CPU; 0: none).
+/// [`measure_churn`] at `rates` beside [`cpu_hogs_niced`] (`hogs` per CPU; 0: none).
 fn measure_churn_beside(py: &Interpreter, extra: &[&str], hogs: usize, rates: &[u32]) -> Outcome {
-    let _hogs = cpu_hogs(py, hogs);
+    let _hogs = cpu_hogs_niced(py, hogs);
     let target = LineTarget::spawn(py, "time_slices.py");
     let dir = temp_dir("churn");
     let mut lines = Vec::new();

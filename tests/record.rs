@@ -419,6 +419,9 @@ fn bad_arguments_fail_fast_with_one_line() {
     assert!(!out.status.success() && stderr.contains("does not look like a Python program"), "{stderr}");
 }
 
+/// Spinning processes per CPU beside the ptrace runs of [`impossible_stacks`].
+const TORN_HOGS_PER_CPU: usize = 3;
+
 /// Record churn.py (a stack that changes every few microseconds) fast on
 /// every interpreter and count the recorded stacks the program could never
 /// have had: `function` frames stack at most 7 deep on top of `churn`, and
@@ -437,7 +440,12 @@ fn impossible_stacks(sampler: &str, min_minor: u32, args: &[&str], function: &st
         let target = py.spawn("churn.py", args);
         let dir = temp_dir("torn");
         let out_path = dir.join("p.json");
+        // ptrace: beside spinning processes, so that a held thread let run
+        // on out of a half-done update must wait for a CPU (three tries of
+        // 1-16 µs left 8 of 100,000 samples torn there, see `run_on`).
+        let hogs = if sampler == "ptrace" { cpu_hogs(&py.label, TORN_HOGS_PER_CPU, 0) } else { Vec::new() };
         let out = record(&["--pid", &target.pid().to_string(), "--sampler", sampler, "-r", "5k", "-d", "1", "-o", out_path.to_str().unwrap()]);
+        drop(hogs);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stderr}");
         let p = read_profile(&out_path);

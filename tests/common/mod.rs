@@ -272,6 +272,15 @@ fn spawn_command(label: &str, mut cmd: Command, argv: &[String]) -> TargetProces
 /// How many stdout lines after the first a target keeps for its test.
 const LATER_LINES: usize = 64;
 
+/// Processes that spin at priority `nice`, `per_cpu` per online CPU; they
+/// end when dropped.
+#[allow(dead_code)]
+pub fn cpu_hogs(label: &str, per_cpu: usize, nice: i32) -> Vec<TargetProcess> {
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let argv: Vec<String> = ["nice", "-n", &nice.to_string(), "sh", "-c", "echo ready; while :; do :; done"].iter().map(|s| s.to_string()).collect();
+    (0..per_cpu * cpus).map(|_| spawn_argv(label, &argv)).collect()
+}
+
 /// A running target; killed and reaped on drop so tests never leak processes.
 pub struct TargetProcess {
     pub child: Child,
