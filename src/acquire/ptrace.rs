@@ -141,7 +141,7 @@ impl Stopped {
         let mut wait = Duration::from_micros(u64::from(micros.max(1)));
         let no_later = Instant::now() + RUN_ON_CPU_WAIT;
         for _ in 0..RUN_ON_TRIES {
-            let cpu_before = cpu_time_ns(self.pid, tid);
+            let turns_before = cpu_turns(self.pid, tid);
             // SAFETY: no pointers.
             if unsafe { libc::ptrace(libc::PTRACE_CONT, tid, 0usize, 0usize) } != 0 {
                 self.reached.retain(|&t| t != tid);
@@ -156,8 +156,8 @@ impl Stopped {
             // update half done, a torn sample (9 in 100,000 at 5 kHz beside
             // six spinning hogs on two CPUs). It is waited for instead, and
             // interrupted within a poll of getting one.
-            while let Some(b) = cpu_before {
-                if cpu_time_ns(self.pid, tid) != Some(b) || Instant::now() >= no_later {
+            while let Some(b) = turns_before {
+                if cpu_turns(self.pid, tid) != Some(b) || Instant::now() >= no_later {
                     break;
                 }
                 std::thread::sleep(wait.max(CPU_WAIT_POLL));
@@ -317,11 +317,15 @@ const RUN_ON_TRIES: u32 = 3;
 const RUN_ON_CPU_WAIT: Duration = Duration::from_millis(50);
 const CPU_WAIT_POLL: Duration = Duration::from_micros(50);
 
-/// A thread's time on a CPU so far, in ns (the first field of its
-/// schedstat), if the kernel keeps it.
-fn cpu_time_ns(pid: i32, tid: i32) -> Option<u64> {
+/// How many times a thread has been given a CPU (the third field of its
+/// schedstat, counted as it is switched in), if the kernel keeps it. Not
+/// its CPU time, the first field: that is brought up to date only at the
+/// scheduler's next tick or switch, milliseconds after a thread that
+/// keeps its CPU got it. A kernel that does not count prints zeros: a
+/// thread that has run has had one turn at least.
+fn cpu_turns(pid: i32, tid: i32) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?;
-    text.split_whitespace().next()?.parse().ok()
+    text.split_whitespace().nth(2)?.parse().ok().filter(|&n| n > 0)
 }
 
 /// How long a release waits, at most, for job-stopped threads to be back in their stop.
