@@ -134,6 +134,18 @@ fn the_kernel_sampler_never_names_a_gone_code_object_after_its_successor() {
     tally.judge("kernel");
 }
 
+/// 3 s of a fresh `script` target recorded with the kernel sampler at 1 kHz;
+/// None where the kernel sampler did not run (a developer's machine).
+fn kernel_recording(py: &Interpreter, script: &str) -> Option<Profile> {
+    let target = py.spawn(script, &[]);
+    let dir = temp_dir("code-cache-kernel");
+    let out_path = dir.join("kernel.json");
+    let out = pyprof(&["record", "--sampler", "kernel", "--pid", &target.pid().to_string(), "-r", "1k", "-d", "3", "-q", "-o", out_path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let p: Profile = pyprof::output::json::read(&std::fs::read(&out_path).unwrap()).unwrap();
+    kernel_ran(&p.meta.sampling.method, "", &py.label).then_some(p)
+}
+
 /// A code object is alive while its frame runs, whatever happens to its
 /// name string's reference count: each `reader_K` takes its own `__name__`
 /// (the string its code object names) over and over while the kernel
@@ -144,15 +156,7 @@ fn the_kernel_sampler_never_names_a_gone_code_object_after_its_successor() {
 #[test]
 fn a_name_in_use_does_not_make_its_code_object_look_gone() {
     for_each_interpreter(|py| {
-        let target = py.spawn("name_readers.py", &[]);
-        let dir = temp_dir("name-readers");
-        let out_path = dir.join("kernel.json");
-        let out = pyprof(&["record", "--sampler", "kernel", "--pid", &target.pid().to_string(), "-r", "1k", "-d", "3", "-q", "-o", out_path.to_str().unwrap()]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let p: Profile = pyprof::output::json::read(&std::fs::read(&out_path).unwrap()).unwrap();
-        if !kernel_ran(&p.meta.sampling.method, "", &py.label) {
-            return;
-        }
+        let Some(p) = kernel_recording(py, "name_readers.py") else { return };
         let (mut readers, mut gone) = (0u64, Vec::new());
         for s in &p.stacks {
             let names: Vec<&str> = s.frames.iter().map(|&i| p.frames[i as usize].function.as_str()).collect();
@@ -179,15 +183,7 @@ fn a_name_in_use_does_not_make_its_code_object_look_gone() {
 fn a_caller_freed_since_the_interrupt_is_shown_gone_not_torn() {
     let shown_gone = std::sync::atomic::AtomicU64::new(0);
     for_each_interpreter(|py| {
-        let target = py.spawn("module_bodies.py", &[]);
-        let dir = temp_dir("module-bodies");
-        let out_path = dir.join("kernel.json");
-        let out = pyprof(&["record", "--sampler", "kernel", "--pid", &target.pid().to_string(), "-r", "1k", "-d", "3", "-q", "-o", out_path.to_str().unwrap()]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let p: Profile = pyprof::output::json::read(&std::fs::read(&out_path).unwrap()).unwrap();
-        if !kernel_ran(&p.meta.sampling.method, "", &py.label) {
-            return;
-        }
+        let Some(p) = kernel_recording(py, "module_bodies.py") else { return };
         let k = p.meta.sampling.kernel.clone().unwrap_or_default();
         let (mut spins, mut gone) = (0u64, 0u64);
         for s in &p.stacks {
