@@ -141,7 +141,7 @@ impl Stopped {
         let mut wait = Duration::from_micros(u64::from(micros.max(1)));
         let no_later = Instant::now() + RUN_ON_CPU_WAIT;
         for _ in 0..RUN_ON_TRIES {
-            let turns_before = cpu_turns(self.pid, tid);
+            let turns_before = crate::process::task_cpu_turns(self.pid, tid);
             // SAFETY: no pointers.
             if unsafe { libc::ptrace(libc::PTRACE_CONT, tid, 0usize, 0usize) } != 0 {
                 self.reached.retain(|&t| t != tid);
@@ -157,7 +157,7 @@ impl Stopped {
             // six spinning hogs on two CPUs). It is waited for instead, and
             // interrupted within a poll of getting one.
             while let Some(b) = turns_before {
-                if cpu_turns(self.pid, tid) != Some(b) || Instant::now() >= no_later {
+                if crate::process::task_cpu_turns(self.pid, tid) != Some(b) || Instant::now() >= no_later {
                     break;
                 }
                 std::thread::sleep(wait.max(CPU_WAIT_POLL));
@@ -316,17 +316,6 @@ const RUN_ON_TRIES: u32 = 3;
 /// get a CPU, and how often it looks.
 const RUN_ON_CPU_WAIT: Duration = Duration::from_millis(50);
 const CPU_WAIT_POLL: Duration = Duration::from_micros(50);
-
-/// How many times a thread has been given a CPU (the third field of its
-/// schedstat, counted as it is switched in), if the kernel keeps it. Not
-/// its CPU time, the first field: that is brought up to date only at the
-/// scheduler's next tick or switch, milliseconds after a thread that
-/// keeps its CPU got it. A kernel that does not count prints zeros: a
-/// thread that has run has had one turn at least.
-fn cpu_turns(pid: i32, tid: i32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?;
-    text.split_whitespace().nth(2)?.parse().ok().filter(|&n| n > 0)
-}
 
 /// How long a release waits, at most, for job-stopped threads to be back in their stop.
 const JOB_STOP_RETURN: Duration = Duration::from_millis(200);

@@ -149,15 +149,15 @@ impl Converter {
             let still = || rule.read(live, code).is_ok_and(|w| w == captured) && alive(live, code);
             let kept = still() && self.codes.adopt(live, &self.offsets, code, self.interp, captured, still).unwrap_or(false);
             start_named |= i == 0 && kept;
-            // Another code object took the address; or, below a start that
-            // named its own, anything else: a caller was built before the
-            // frame above it was linked, and held its code object (a
-            // strong reference) at the interrupt, so that object has been
-            // freed since (tests/scripts/module_bodies.py: 18-80 samples of
-            // 3,000 were dropped as torn on 3.12-3.15). Anything else, at a start that did
-            // not name its own, was no code object when read either (a
-            // torn frame points at anything): the walk fails there, as any
-            // sampler's does, and never reads what may have been made there since.
+            // Gone: another code object took the address; or, below a start
+            // that named its own, anything at all: a caller is built before
+            // the frame above it is linked and held its code object at the
+            // interrupt, so that object was freed since (module_bodies.py:
+            // 18-80 samples of 3,000 were dropped as torn on 3.12-3.15).
+            // At a start that named none, anything else was no code object
+            // when read either (a torn frame points at anything): the walk
+            // fails there, as any sampler's does, and never reads what may
+            // have been made there since.
             if !kept {
                 if (i > 0 && start_named) || self.codes.is_code(live, &self.offsets, code) {
                     self.codes.stand_in(code, self.gone.clone());

@@ -399,6 +399,17 @@ pub fn task_state(pid: i32, tid: i32) -> Option<char> {
     rest.trim_start().chars().next()
 }
 
+/// How many times a thread has been given a CPU (the third field of its
+/// schedstat, counted as it is switched in), if the kernel keeps it. Not
+/// its CPU time, the first field: that is brought up to date only at the
+/// scheduler's next tick or switch, milliseconds after a thread that
+/// keeps its CPU got it. A kernel that does not count prints zeros: a
+/// thread that has run has had one turn at least.
+pub fn task_cpu_turns(pid: i32, tid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?;
+    text.split_whitespace().nth(2)?.parse().ok().filter(|&n| n > 0)
+}
+
 /// The kernel's name for a thread (/proc/PID/task/TID/comm).
 pub fn task_comm(pid: i32, tid: i32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok().map(|s| s.trim_end().to_string())
