@@ -25,20 +25,34 @@ use crate::python::threads::MAX_THREADS;
 /// Ident → `Thread._name` for every thread in `threading._active` of the
 /// interpreter at `interp`. Empty when the program never imported threading.
 pub fn thread_names(mem: &dyn RemoteMemory, o: &Offsets, interp: u64) -> Result<HashMap<u64, String>> {
+    first_read(mem, o, interp).map(|(names, _)| names)
+}
+
+/// [`thread_names`], and where `threading._active` was found.
+fn first_read(mem: &dyn RemoteMemory, o: &Offsets, interp: u64) -> Result<(HashMap<u64, String>, Option<u64>)> {
     let mut r = reader(mem, o)?;
-    let items = active_threads(&mut r, interp)?;
+    let Some(active) = find_active(&mut r, interp)? else { return Ok((HashMap::default(), None)) };
+    let items = active_items(&mut r, active)?;
     let mut out = HashMap::with_capacity_and_hasher(items.len(), Default::default());
     out.extend(items.into_iter().filter_map(|(key, thread)| name_of(&mut r, key, thread)));
-    Ok(out)
+    Ok((out, Some(active)))
 }
 
 fn reader<'a>(mem: &'a dyn RemoteMemory, o: &'a Offsets) -> Result<ObjectReader<'a>> {
     ObjectReader::new(mem, o).ok_or_else(|| Error::BadOffsets { version: o.version.to_string(), why: "no thread-name offsets for this version".into() })
 }
 
-/// (ident object, `Thread`) of every entry of `threading._active`.
-fn active_threads(r: &mut ObjectReader, interp: u64) -> Result<Vec<(u64, u64)>> {
-    let Some(active) = r.module_attr(interp, "threading", "_active")? else { return Ok(Vec::new()) };
+/// Where `threading._active` is: a walk of `sys.modules` and the module's
+/// dict, string compares and all (most of a re-read's cost, once a second
+/// per interpreter: an agent over 16 targets spent a tenth of its CPU on
+/// it). None when threading was never imported.
+fn find_active(r: &mut ObjectReader, interp: u64) -> Result<Option<u64>> {
+    r.module_attr(interp, "threading", "_active")
+}
+
+/// The entries of the dict at `active`, checked to be a dict of at most
+/// [`MAX_THREADS`] entries.
+fn active_items(r: &mut ObjectReader, active: u64) -> Result<Vec<(u64, u64)>> {
     let items = r.dict_items(active)?;
     if items.len() > MAX_THREADS {
         return Err(Error::Corrupt(format!("threading._active holds {} threads", items.len())));
@@ -67,11 +81,19 @@ pub const MIN_REFRESH: Duration = Duration::from_millis(50);
 /// calls; the names read last stand until it completes.
 pub const NAMES_PER_CALL: usize = 32;
 
+/// How long a re-read trusts where `threading._active` was found: the
+/// module is practically never reloaded nor the name rebound, and a dict
+/// freed since fails the type check, but one rebound and still alive
+/// would keep the old names; this bounds how long.
+pub const FIND_ACTIVE_EVERY: Duration = Duration::from_secs(30);
+
 struct InterpNames {
     names: HashMap<u64, String>,
     /// Idents of this interpreter's threads at the last read.
     known: HashSet<u64>,
     read_at: Instant,
+    /// `threading._active` as last found, and when it was.
+    active: Option<(u64, Instant)>,
     /// A re-read under way.
     pending: Option<Pending>,
 }
@@ -120,8 +142,9 @@ impl NameCache {
             let Some(e) = self.interps.get_mut(&interp) else {
                 // The first read is whole: until it, every thread would go
                 // by its kernel name.
-                let names = thread_names(mem, o, interp).unwrap_or_default();
-                self.interps.insert(interp, InterpNames { names, known: idents().collect(), read_at: now, pending: None });
+                let (names, active) = first_read(mem, o, interp).unwrap_or_default();
+                let active = active.map(|a| (a, now));
+                self.interps.insert(interp, InterpNames { names, known: idents().collect(), read_at: now, active, pending: None });
                 self.generation += 1;
                 continue;
             };
@@ -132,7 +155,16 @@ impl NameCache {
             }
             let Ok(mut r) = reader(mem, o) else { break };
             if e.pending.is_none() {
-                match active_threads(&mut r, interp) {
+                let trusted = e.active.filter(|(_, at)| now.saturating_duration_since(*at) < FIND_ACTIVE_EVERY);
+                let items = match trusted.map(|(a, _)| active_items(&mut r, a)) {
+                    Some(Ok(items)) => Ok(items),
+                    // Not found lately, or no longer a dict there: found anew.
+                    _ => find_active(&mut r, interp).and_then(|a| {
+                        e.active = a.map(|a| (a, now));
+                        a.map_or(Ok(Vec::new()), |a| active_items(&mut r, a))
+                    }),
+                };
+                match items {
                     Ok(items) => {
                         let names = HashMap::with_capacity_and_hasher(items.len(), Default::default());
                         e.pending = Some(Pending { items, done: 0, names, known: idents().collect() });
@@ -594,6 +626,37 @@ mod tests {
             assert_eq!(mem.1.get(), second, "once seen, an unnamed ident no longer triggers re-reads");
         }
         assert_eq!(cache.get(interp, 0x1234_5000), None);
+        assert_eq!(cache.get(interp, idents[0]), Some("MainThread"));
+    }
+
+    /// A re-read goes straight to the `threading._active` found before, not
+    /// through `sys.modules`; a dict no longer there is not read as one.
+    #[test]
+    fn a_re_read_trusts_where_active_was_found_while_it_is_a_dict() {
+        let o = offsets_for_tests(12);
+        let (mut heap, interp, idents) = build(&o, NAMES, false);
+        let n = o.names.as_ref().unwrap();
+        let active = ObjectReader::new(&heap, &o).unwrap().module_attr(interp, "threading", "_active").unwrap().unwrap();
+        let mut cache = NameCache::default();
+        let mut states: Vec<(u64, u64)> = idents.iter().map(|&i| (interp, i)).collect();
+        cache.refresh(&heap, &o, states.iter().copied(), false);
+        // sys.modules gone: only a read that skips it can succeed.
+        let at = (interp + n.imports_modules - heap.base) as usize;
+        heap.mem[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+        let generation = cache.generation();
+        states.push((interp, 0x1234_5000));
+        std::thread::sleep(MIN_REFRESH);
+        cache.refresh(&heap, &o, states.iter().copied(), false);
+        assert_ne!(cache.generation(), generation, "a re-read through sys.modules failed");
+        assert_eq!(cache.get(interp, idents[0]), Some("MainThread"));
+        // The dict's type gone: it is not read, and the names stand.
+        let at = (active + o.object.ob_type - heap.base) as usize;
+        heap.mem[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+        let generation = cache.generation();
+        states.push((interp, 0x1234_6000));
+        std::thread::sleep(MIN_REFRESH);
+        cache.refresh(&heap, &o, states.iter().copied(), false);
+        assert_eq!(cache.generation(), generation, "read a dict that is no longer one");
         assert_eq!(cache.get(interp, idents[0]), Some("MainThread"));
     }
 
