@@ -176,6 +176,17 @@ impl<'a> ObjectReader<'a> {
         self.dict_get_str(module_dict, attr)
     }
 
+    /// What changes whenever a module is added to `sys.modules`: the dict,
+    /// its keys object and that keys object's count of entries ever used
+    /// (an insertion adds one or makes a new keys object; a deletion
+    /// leaves it). Three reads, where a lookup that misses compares every
+    /// key.
+    pub fn modules_stamp(&mut self, interp: u64) -> Result<(u64, u64, u64)> {
+        let modules = self.mem.read_u64(interp.wrapping_add(self.n.imports_modules))?;
+        let (keys, _) = self.dict_header(modules)?;
+        Ok((modules, keys, self.keys(keys)?.nentries))
+    }
+
     /// The `tp_name` of `obj`'s type ("coroutine", "_asyncio.Task", ...),
     /// at most [`MAX_TYPE_NAME`] bytes.
     pub fn type_name(&mut self, obj: u64) -> Result<String> {

@@ -29,13 +29,14 @@ pub fn thread_names(mem: &dyn RemoteMemory, o: &Offsets, interp: u64) -> Result<
 }
 
 /// [`thread_names`], and where `threading._active` was found.
-fn first_read(mem: &dyn RemoteMemory, o: &Offsets, interp: u64) -> Result<(HashMap<u64, String>, Option<u64>)> {
+fn first_read(mem: &dyn RemoteMemory, o: &Offsets, interp: u64) -> Result<(HashMap<u64, String>, Option<Found>)> {
     let mut r = reader(mem, o)?;
-    let Some(active) = find_active(&mut r, interp)? else { return Ok((HashMap::default(), None)) };
+    let found = find(&mut r, interp)?;
+    let Found::At(active) = found else { return Ok((HashMap::default(), Some(found))) };
     let items = active_items(&mut r, active)?;
     let mut out = HashMap::with_capacity_and_hasher(items.len(), Default::default());
     out.extend(items.into_iter().filter_map(|(key, thread)| name_of(&mut r, key, thread)));
-    Ok((out, Some(active)))
+    Ok((out, Some(found)))
 }
 
 fn reader<'a>(mem: &'a dyn RemoteMemory, o: &'a Offsets) -> Result<ObjectReader<'a>> {
@@ -44,10 +45,37 @@ fn reader<'a>(mem: &'a dyn RemoteMemory, o: &'a Offsets) -> Result<ObjectReader<
 
 /// Where `threading._active` is: a walk of `sys.modules` and the module's
 /// dict, string compares and all (most of a re-read's cost, once a second
-/// per interpreter: an agent over 16 targets spent a tenth of its CPU on
-/// it). None when threading was never imported.
+/// per interpreter; a program that never imported threading pays a
+/// compare of every module's name). None when threading was never imported.
 fn find_active(r: &mut ObjectReader, interp: u64) -> Result<Option<u64>> {
     r.module_attr(interp, "threading", "_active")
+}
+
+/// Where `threading._active` was last found.
+#[derive(Clone, Copy)]
+enum Found {
+    At(u64),
+    /// Not imported, as of `sys.modules` in this state
+    /// ([`ObjectReader::modules_stamp`]).
+    Absent((u64, u64, u64)),
+}
+
+/// [`find_active`], told as [`Found`].
+fn find(r: &mut ObjectReader, interp: u64) -> Result<Found> {
+    // Stamped first: a module added between the two reads changes the
+    // stamp, and the next re-read looks again.
+    let stamp = r.modules_stamp(interp)?;
+    Ok(find_active(r, interp)?.map_or(Found::Absent(stamp), Found::At))
+}
+
+/// The entries of `threading._active` where `found` says, if that still
+/// stands: None when it was found elsewhere, or absent from a
+/// `sys.modules` that has changed since.
+fn items_as_found(r: &mut ObjectReader, interp: u64, found: Found) -> Option<Vec<(u64, u64)>> {
+    match found {
+        Found::At(active) => active_items(r, active).ok(),
+        Found::Absent(stamp) => (r.modules_stamp(interp).ok()? == stamp).then(Vec::new),
+    }
 }
 
 /// The entries of the dict at `active`, checked to be a dict of at most
@@ -92,8 +120,8 @@ struct InterpNames {
     /// Idents of this interpreter's threads at the last read.
     known: HashSet<u64>,
     read_at: Instant,
-    /// `threading._active` as last found, and when it was.
-    active: Option<(u64, Instant)>,
+    /// Where `threading._active` was last found, and when.
+    active: Option<(Found, Instant)>,
     /// A re-read under way.
     pending: Option<Pending>,
 }
@@ -156,12 +184,15 @@ impl NameCache {
             let Ok(mut r) = reader(mem, o) else { break };
             if e.pending.is_none() {
                 let trusted = e.active.filter(|(_, at)| now.saturating_duration_since(*at) < FIND_ACTIVE_EVERY);
-                let items = match trusted.map(|(a, _)| active_items(&mut r, a)) {
-                    Some(Ok(items)) => Ok(items),
-                    // Not found lately, or no longer a dict there: found anew.
-                    _ => find_active(&mut r, interp).and_then(|a| {
-                        e.active = a.map(|a| (a, now));
-                        a.map_or(Ok(Vec::new()), |a| active_items(&mut r, a))
+                let items = match trusted.and_then(|(found, _)| items_as_found(&mut r, interp, found)) {
+                    Some(items) => Ok(items),
+                    // Not looked for lately, or no longer as found: looked for anew.
+                    None => find(&mut r, interp).and_then(|found| {
+                        e.active = Some((found, now));
+                        match found {
+                            Found::At(a) => active_items(&mut r, a),
+                            Found::Absent(_) => Ok(Vec::new()),
+                        }
                     }),
                 };
                 match items {
@@ -658,6 +689,50 @@ mod tests {
         cache.refresh(&heap, &o, states.iter().copied(), false);
         assert_eq!(cache.generation(), generation, "read a dict that is no longer one");
         assert_eq!(cache.get(interp, idents[0]), Some("MainThread"));
+    }
+
+    /// A program that never imported threading: a re-read checks that
+    /// `sys.modules` has gained no entry (a few reads, not a compare of
+    /// every module's name) and looks again once it has.
+    #[test]
+    fn threading_absent_is_remembered_until_sys_modules_grows() {
+        let o = offsets_for_tests(12);
+        let (mut heap, interp, idents) = build(&o, NAMES, false);
+        let n = o.names.as_ref().unwrap();
+        let name_at = heap.mem.windows(9).position(|w| w == b"threading").expect("the key's text");
+        heap.mem[name_at + 8] = b'q';
+        let mut states: Vec<(u64, u64)> = idents.iter().map(|&i| (interp, i)).collect();
+        let mut cache = NameCache::default();
+        let first = {
+            let mem = Counting(&heap, Default::default());
+            cache.refresh(&mem, &o, states.iter().copied(), false);
+            mem.1.get()
+        };
+        assert_eq!(cache.get(interp, idents[0]), None, "threading is not imported");
+        let mut re_read = |heap: &Heap, cache: &mut NameCache, states: &mut Vec<(u64, u64)>| {
+            states.push((interp, 0x1234_0000 + states.len() as u64 * 0x1000));
+            std::thread::sleep(MIN_REFRESH);
+            let mem = Counting(heap, Default::default());
+            let generation = cache.generation();
+            cache.refresh(&mem, &o, states.iter().copied(), false);
+            assert_ne!(cache.generation(), generation, "no re-read");
+            mem.1.get()
+        };
+        let lookup = {
+            let mem = Counting(&heap, Default::default());
+            assert_eq!(ObjectReader::new(&mem, &o).unwrap().module_attr(interp, "threading", "_active").unwrap(), None);
+            mem.1.get()
+        };
+        let again = re_read(&heap, &mut cache, &mut states);
+        assert!(again < lookup && lookup < first, "a re-read took {again} reads, a lookup {lookup}, the first read {first}");
+        // Imported since: the module's name is back, and sys.modules has one entry more.
+        heap.mem[name_at + 8] = b'g';
+        assert_eq!(cache.get(interp, idents[0]), None);
+        let (_, keys, used) = ObjectReader::new(&heap, &o).unwrap().modules_stamp(interp).unwrap();
+        let at = (keys + n.dk_nentries - heap.base) as usize;
+        heap.mem[at..at + 8].copy_from_slice(&(used + 1).to_le_bytes());
+        re_read(&heap, &mut cache, &mut states);
+        assert_eq!(cache.get(interp, idents[0]), Some("MainThread"), "looked for again after an import");
     }
 
     /// The first read is whole; a re-read of many threads is spread over
