@@ -235,7 +235,7 @@ impl Target {
         match self.exit.ended() {
             Some(true) => true,
             Some(false) if !thorough => false,
-            _ => stat_says_ended(&format!("/proc/{}/stat", self.pid)),
+            _ => self.exit.stat_says_ended(self.pid),
         }
     }
 
@@ -378,8 +378,12 @@ const PF_EXITING: u64 = 0x4;
 
 /// As [`stat_says_exiting`], or a zombie or dead task: in one read.
 fn stat_says_ended(path: &str) -> bool {
-    let Ok(stat) = std::fs::read_to_string(path) else { return true };
-    stat_fields(&stat).is_none_or(|(state, flags)| matches!(state, 'Z' | 'X') || flags & PF_EXITING != 0)
+    stat_text_says_ended(std::fs::read_to_string(path).ok().as_deref())
+}
+
+/// [`stat_says_ended`] of a stat file's text (None: unreadable).
+fn stat_text_says_ended(stat: Option<&str>) -> bool {
+    stat.and_then(stat_fields).is_none_or(|(state, flags)| matches!(state, 'Z' | 'X') || flags & PF_EXITING != 0)
 }
 
 /// A stat file's state and flags. comm may hold spaces and parentheses:

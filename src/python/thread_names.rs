@@ -709,7 +709,7 @@ mod tests {
             mem.1.get()
         };
         assert_eq!(cache.get(interp, idents[0]), None, "threading is not imported");
-        let mut re_read = |heap: &Heap, cache: &mut NameCache, states: &mut Vec<(u64, u64)>| {
+        let re_read = |heap: &Heap, cache: &mut NameCache, states: &mut Vec<(u64, u64)>| {
             states.push((interp, 0x1234_0000 + states.len() as u64 * 0x1000));
             std::thread::sleep(MIN_REFRESH);
             let mem = Counting(heap, Default::default());
