@@ -660,6 +660,16 @@ mod tests {
         assert_eq!(cache.get(interp, idents[0]), Some("MainThread"));
     }
 
+    /// Makes a re-read due (a thread the names do not know yet) and asks
+    /// for it: whether one completed.
+    fn re_read(cache: &mut NameCache, mem: &dyn RemoteMemory, o: &Offsets, interp: u64, states: &mut Vec<(u64, u64)>) -> bool {
+        states.push((interp, 0x1234_0000 + states.len() as u64 * 0x1000));
+        std::thread::sleep(MIN_REFRESH);
+        let generation = cache.generation();
+        cache.refresh(mem, o, states.iter().copied(), false);
+        cache.generation() != generation
+    }
+
     /// A re-read goes straight to the `threading._active` found before, not
     /// through `sys.modules`; a dict no longer there is not read as one.
     #[test]
@@ -672,22 +682,12 @@ mod tests {
         let mut states: Vec<(u64, u64)> = idents.iter().map(|&i| (interp, i)).collect();
         cache.refresh(&heap, &o, states.iter().copied(), false);
         // sys.modules gone: only a read that skips it can succeed.
-        let at = (interp + n.imports_modules - heap.base) as usize;
-        heap.mem[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
-        let generation = cache.generation();
-        states.push((interp, 0x1234_5000));
-        std::thread::sleep(MIN_REFRESH);
-        cache.refresh(&heap, &o, states.iter().copied(), false);
-        assert_ne!(cache.generation(), generation, "a re-read through sys.modules failed");
+        heap.w64(interp + n.imports_modules, 0);
+        assert!(re_read(&mut cache, &heap, &o, interp, &mut states), "a re-read through sys.modules failed");
         assert_eq!(cache.get(interp, idents[0]), Some("MainThread"));
         // The dict's type gone: it is not read, and the names stand.
-        let at = (active + o.object.ob_type - heap.base) as usize;
-        heap.mem[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
-        let generation = cache.generation();
-        states.push((interp, 0x1234_6000));
-        std::thread::sleep(MIN_REFRESH);
-        cache.refresh(&heap, &o, states.iter().copied(), false);
-        assert_eq!(cache.generation(), generation, "read a dict that is no longer one");
+        heap.w64(active + o.object.ob_type, 0);
+        assert!(!re_read(&mut cache, &heap, &o, interp, &mut states), "read a dict that is no longer one");
         assert_eq!(cache.get(interp, idents[0]), Some("MainThread"));
     }
 
@@ -703,35 +703,24 @@ mod tests {
         heap.mem[name_at + 8] = b'q';
         let mut states: Vec<(u64, u64)> = idents.iter().map(|&i| (interp, i)).collect();
         let mut cache = NameCache::default();
-        let first = {
-            let mem = Counting(&heap, Default::default());
-            cache.refresh(&mem, &o, states.iter().copied(), false);
-            mem.1.get()
-        };
-        assert_eq!(cache.get(interp, idents[0]), None, "threading is not imported");
-        let re_read = |heap: &Heap, cache: &mut NameCache, states: &mut Vec<(u64, u64)>| {
-            states.push((interp, 0x1234_0000 + states.len() as u64 * 0x1000));
-            std::thread::sleep(MIN_REFRESH);
+        let reads = |heap: &Heap, f: &mut dyn FnMut(&dyn RemoteMemory)| {
             let mem = Counting(heap, Default::default());
-            let generation = cache.generation();
-            cache.refresh(&mem, &o, states.iter().copied(), false);
-            assert_ne!(cache.generation(), generation, "no re-read");
+            f(&mem);
             mem.1.get()
         };
-        let lookup = {
-            let mem = Counting(&heap, Default::default());
-            assert_eq!(ObjectReader::new(&mem, &o).unwrap().module_attr(interp, "threading", "_active").unwrap(), None);
-            mem.1.get()
-        };
-        let again = re_read(&heap, &mut cache, &mut states);
+        let first = reads(&heap, &mut |mem| cache.refresh(mem, &o, states.iter().copied(), false));
+        assert_eq!(cache.get(interp, idents[0]), None, "threading is not imported");
+        let lookup = reads(&heap, &mut |mem| {
+            assert_eq!(ObjectReader::new(mem, &o).unwrap().module_attr(interp, "threading", "_active").unwrap(), None);
+        });
+        let again = reads(&heap, &mut |mem| assert!(re_read(&mut cache, mem, &o, interp, &mut states)));
         assert!(again < lookup && lookup < first, "a re-read took {again} reads, a lookup {lookup}, the first read {first}");
         // Imported since: the module's name is back, and sys.modules has one entry more.
         heap.mem[name_at + 8] = b'g';
         assert_eq!(cache.get(interp, idents[0]), None);
         let (_, keys, used) = ObjectReader::new(&heap, &o).unwrap().modules_stamp(interp).unwrap();
-        let at = (keys + n.dk_nentries - heap.base) as usize;
-        heap.mem[at..at + 8].copy_from_slice(&(used + 1).to_le_bytes());
-        re_read(&heap, &mut cache, &mut states);
+        heap.w64(keys + n.dk_nentries, used + 1);
+        assert!(re_read(&mut cache, &heap, &o, interp, &mut states));
         assert_eq!(cache.get(interp, idents[0]), Some("MainThread"), "looked for again after an import");
     }
 
