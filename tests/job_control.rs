@@ -94,7 +94,11 @@ fn wait_bounded(target: &mut TargetProcess) -> std::process::ExitStatus {
             let threads: Vec<String> =
                 std::fs::read_dir(format!("/proc/{pid}/task")).map(|dir| dir.filter_map(|e| describe_thread(&e.ok()?.path())).collect()).unwrap_or_default();
             let lines: Vec<String> = target.later.try_iter().collect();
-            panic!("the target did not end within 30 s of SIGUSR1: threads {threads:?}; its last lines {lines:?}");
+            // Where its Python code is: the first hang here was the target's own
+            // handler deadlocked on a lock its main thread held (see steady_work.py).
+            let stacks = Command::new(pyprof_bin()).args(["dump", "--pid", &pid.to_string()]).output();
+            let stacks = stacks.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+            panic!("the target did not end within 30 s of SIGUSR1: threads {threads:?}; its last lines {lines:?}; its stacks:\n{stacks}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }

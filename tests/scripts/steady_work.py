@@ -17,7 +17,12 @@ import sys
 import threading
 import time
 
-stop = threading.Event()
+# A plain flag, not a threading.Event: the SIGUSR1 handler runs in the main
+# thread between two bytecodes, and Event.set() takes the lock that the main
+# thread's own Event.wait() may be holding right then. The target then
+# deadlocked on itself now and then (3.15, two CI runs), with its compute
+# threads spinning on.
+stopping = False
 seen = {"trap": 0, "cont": 0}
 results = {}
 
@@ -35,7 +40,7 @@ def unit(k, i):
 
 def compute(k):
     total, i = 0, 0
-    while not stop.is_set():
+    while not stopping:
         total += unit(k, i)
         i += 1
     results[str(k)] = [i, total]
@@ -43,11 +48,16 @@ def compute(k):
 
 def waker():
     total, i = 0, 0
-    while not stop.is_set():
+    while not stopping:
         time.sleep(0.001)
         total += unit(9, i)
         i += 1
     results["9"] = [i, total]
+
+
+def stop(signum, frame):
+    global stopping
+    stopping = True
 
 
 def count(name):
@@ -64,14 +74,14 @@ def main():
     else:
         signal.signal(signal.SIGTRAP, count("trap"))
     signal.signal(signal.SIGCONT, count("cont"))
-    signal.signal(signal.SIGUSR1, lambda signum, frame: stop.set())
+    signal.signal(signal.SIGUSR1, stop)
     threads = [threading.Thread(target=compute, args=(k,), name="compute-%d" % k) for k in (1, 2, 3)]
     threads.append(threading.Thread(target=waker, name="waker"))
     for t in threads:
         t.start()
     print("ready", os.getpid(), flush=True)
-    while not stop.wait(0.05):
-        pass
+    while not stopping:
+        time.sleep(0.05)
     for t in threads:
         t.join()
     print(json.dumps({"threads": results, "trap": seen["trap"], "cont": seen["cont"]}), flush=True)
