@@ -468,7 +468,7 @@ fn launched_command_in_a_terminal_and_ctrl_c() {
 
 /// Sampling never waits on drawing: with stdout a pipe nobody reads, the
 /// tables stop (the pipe is full, the view blocks in a write), and still
-/// every tick is sampled: -o has rate × duration samples.
+/// every tick is taken and sampled: -o has rate × duration samples.
 #[test]
 fn a_blocked_view_does_not_slow_sampling() {
     let _serial = heavy();
@@ -492,11 +492,18 @@ fn a_blocked_view_does_not_slow_sampling() {
         assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
         let tables = stdout.lines().filter(|l| l.starts_with("pyprof top · ")).count();
         let p = read_profile(&out_path);
-        // Two threads (main and idler), each sampled at every tick.
-        let expected = 2.0 * 1000.0 * p.meta.duration_secs;
-        let got = p.meta.samples as f64;
-        eprintln!("[{}] {tables} tables; {got} samples in {:.3} s (expected {expected:.0})", py.label, p.meta.duration_secs);
-        assert!((got - expected).abs() / expected <= 0.02, "{got} samples in {:.3} s at 1 kHz on 2 threads", p.meta.duration_secs);
+        let m = &p.meta;
+        let timing = format!("{} samples in {:.3} s at 1 kHz on 2 threads ({} ticks, {} late, errors {:?})", m.samples, m.duration_secs, m.ticks, m.late, m.errors);
+        eprintln!("[{}] {tables} tables; {timing}", py.label);
+        // Two threads (main and idler), both sampled at every tick taken.
+        assert!(m.samples.abs_diff(2 * m.ticks) <= m.ticks / 200, "{timing}");
+        // A sampler that waited on the view would stop within a second (the
+        // pipe fills in under one) and take a third of the ticks or fewer.
+        // Not every one either: the schedule drops the ticks of a stall over
+        // 50 ms rather than bunch them up, and on CI's VM a run came 2 %
+        // short (5,881 of 6,002 samples), which a 2 % bound took for the view's.
+        let asked = 1000.0 * m.duration_secs;
+        assert!(m.ticks as f64 >= 0.95 * asked, "{timing}: the sampler fell behind the view");
         assert!(tables < 250, "{tables} tables: the view never blocked, the test proves nothing");
     });
 }
