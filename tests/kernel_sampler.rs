@@ -129,6 +129,35 @@ fn wall_mode_samples_every_thread_once_a_tick_from_either_half() {
     });
 }
 
+/// A thread that blocks for a moment at a time is off CPU at most ticks,
+/// having run since the one before: its stack comes from the record the
+/// switch program took as it blocked, not from a read from user space,
+/// which races its return to a CPU (a wake-up during the read loses the
+/// sample to `[stack moved while read]`). Still one sample a tick.
+#[test]
+fn a_thread_that_blocks_briefly_is_sampled_from_its_switch_records() {
+    for_each_interpreter(|py| {
+        let target = py.spawn("kernel_cases.py", &["blink"]);
+        let (p, stderr) = record_kernel(target.pid(), &["--mode", "wall", "-r", "1000"], "1.5", "kernel-blink");
+        if !kernel_ran(&p.meta.sampling.method, &stderr, &py.label) {
+            return;
+        }
+        let k = p.meta.sampling.kernel.as_ref().expect("meta.sampling.kernel");
+        let blinker: u64 = stacks(&p).iter().filter(|(s, _)| s.iter().any(|f| f == "blinker")).map(|(_, n)| n).sum();
+        let read = k.off_cpu - k.off_cpu_carried - k.off_cpu_from_switch;
+        let label = format!(
+            "[{}] blinker {blinker} samples over {} ticks; off CPU {} ({} from switch records, {} carried, {read} read, {} moved)",
+            py.label, k.wall_ticks, k.off_cpu, k.off_cpu_from_switch, k.off_cpu_carried, k.off_cpu_moved
+        );
+        let ratio = blinker as f64 / k.wall_ticks as f64;
+        assert!((0.85..=1.15).contains(&ratio), "{label}: off one sample a tick by {:+.0} %", (ratio - 1.0) * 100.0);
+        // A 2 ms nap holds about two ticks: the first from its record, the
+        // second carried. Reads are for naps whose start a record missed.
+        assert!(k.off_cpu_from_switch * 2 >= blinker / 2 && k.off_cpu_from_switch >= 4 * read, "{label}: blocked runs were read, not taken from their records");
+        eprintln!("kernel: {label}");
+    });
+}
+
 /// A thread started half a second into the recording is sampled: its tid
 /// is mapped once the capture reports it (or the next list read finds it).
 /// It is named by its `threading` name, as every sampler names threads,

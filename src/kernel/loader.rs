@@ -147,17 +147,8 @@ impl KernelSampler {
         for cpu in cpus {
             links.push((cpu, attach(prog, cpu, rate_hz)?));
         }
-        let mut switch_records = switch_records;
         if native.is_some() || switch_records {
-            // A kernel before 5.18 passes sched_switch no prev_state: the
-            // program that reads it does not attach, and the one that keeps
-            // registers only does (wall mode then reads every thread off CPU).
-            if let Err(e) = attach_switch(&mut bpf, "switch_out") {
-                switch_records = false;
-                if native.is_some() {
-                    attach_switch(&mut bpf, "switch_out_regs").map_err(|_| e)?;
-                }
-            }
+            attach_switch(&mut bpf, "switch_out")?;
         }
         let take = |bpf: &mut Ebpf, name: &str| bpf.take_map(name).ok_or_else(|| Refused { why: format!("BPF object has no map {name}") });
         let targets = HashMap::try_from(take(&mut bpf, "TARGETS")?).map_err(|e| refused("TARGETS", e))?;
