@@ -493,7 +493,8 @@ fn a_blocked_view_does_not_slow_sampling() {
         let tables = stdout.lines().filter(|l| l.starts_with("pyprof top · ")).count();
         let p = read_profile(&out_path);
         let m = &p.meta;
-        let timing = format!("{} samples in {:.3} s at 1 kHz on 2 threads ({} ticks, {} late, errors {:?})", m.samples, m.duration_secs, m.ticks, m.late, m.errors);
+        let timing =
+            format!("{} samples in {:.3} s at 1 kHz on 2 threads ({} ticks, {} late, errors {:?})", m.samples, m.duration_secs, m.ticks, m.late, m.errors);
         eprintln!("[{}] {tables} tables; {timing}", py.label);
         // Two threads (main and idler), both sampled at every tick taken.
         assert!(m.samples.abs_diff(2 * m.ticks) <= m.ticks / 200, "{timing}");
