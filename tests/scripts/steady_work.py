@@ -20,7 +20,7 @@ import time
 # A plain flag, not a threading.Event: the SIGUSR1 handler runs in the main
 # thread between two bytecodes, and Event.set() takes the lock that the main
 # thread's own Event.wait() may be holding right then. The target then
-# deadlocked on itself now and then (3.15, two CI runs), with its compute
+# deadlocked on itself now and then (two CI runs, one on sid-3.15), with its compute
 # threads spinning on.
 stopping = False
 seen = {"trap": 0, "cont": 0}
