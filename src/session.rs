@@ -13,6 +13,7 @@ use crate::binary::runtime::Method;
 use crate::counts::Counters;
 use crate::error::Result;
 use crate::native::layer::NativeLayer;
+use crate::process::Target;
 pub use crate::python::snapshot::SnapshotNeeds;
 use crate::python::snapshot::Snapshotter;
 use crate::stack::{Frame, FrameKind, ThreadStack};
@@ -22,9 +23,17 @@ const EXEC_WATCH: Duration = Duration::from_secs(2);
 const EXEC_CHECK_EVERY: Duration = Duration::from_millis(5);
 
 struct ExecWatch {
+    /// The command line a fork child had before its exec (its parent's).
     cmdline: Vec<String>,
     until: Instant,
     next: Instant,
+}
+
+/// Whether `target`'s command line is no longer `was` (empty: gone, or a
+/// zombie, which its snapshot tells).
+fn cmdline_changed(target: &Target, was: &[String]) -> bool {
+    let now = target.cmdline();
+    !now.is_empty() && now != was
 }
 
 /// How a snapshot is made one instant, as the user chose it (`acquire`
@@ -98,7 +107,11 @@ impl Session {
             // just as its parent is: no need to stop it once more to prove it.
             Ok(attached) => Session::around(attached, opts, false).map(|s| {
                 let now = Instant::now();
-                let exec_watch = Some(ExecWatch { cmdline: s.attached.target.cmdline(), until: now + EXEC_WATCH, next: now });
+                // The parent's, not the child's read now: until it execs, a
+                // fork child has its parent's, and it may have exec'd since
+                // the checks of the attach.
+                let cmdline = Some(parent.attached.target.cmdline()).filter(|c| !c.is_empty()).unwrap_or_else(|| s.attached.target.cmdline());
+                let exec_watch = Some(ExecWatch { cmdline, until: now + EXEC_WATCH, next: now });
                 Session { fork_child: true, exec_watch, ..s }
             }),
             Err(e) if e.is_process_gone() => Err(e),
@@ -162,11 +175,16 @@ impl Session {
     }
 
     /// Whether a fork child attached from its parent's session has exec'd
-    /// since (caught between fork and exec): its interpreter module is no
-    /// longer where the parent's was, and a new attach is needed.
+    /// since (caught between fork and exec), asked after a read of it
+    /// failed: its command line is no longer its parent's, or its
+    /// interpreter module is no longer where the parent's was. A new attach
+    /// is needed.
     pub fn execd(&self) -> bool {
         if !self.fork_child {
             return false;
+        }
+        if self.exec_watch.as_ref().is_some_and(|w| cmdline_changed(&self.attached.target, &w.cmdline)) {
+            return true;
         }
         let module = |maps: &[crate::process::maps::Mapping]| -> Vec<(u64, u64)> {
             maps.iter().filter(|m| m.path.as_deref() == Some(self.attached.module.as_str())).map(|m| (m.start, m.end)).collect()
@@ -195,9 +213,7 @@ impl Session {
             return false;
         }
         w.next = now + EXEC_CHECK_EVERY;
-        let cmdline = self.attached.target.cmdline();
-        // Empty: gone, or a zombie; its snapshot says which.
-        !cmdline.is_empty() && cmdline != w.cmdline
+        cmdline_changed(&self.attached.target, &w.cmdline)
     }
 
     pub fn pid(&self) -> i32 {

@@ -174,13 +174,20 @@ pub fn attach_module(
 /// until it execs, a child has its parent's address space layout, so the
 /// interpreter module, `_PyRuntime` and the offsets are where they were,
 /// and attach's ELF reads and searches (tens of ms) are not needed. Checked
-/// cheaply: the same executable, the interpreter module mapped at the same
-/// addresses, and the runtime's interpreter/thread-state cycle intact.
+/// cheaply: the same executable and command line, the interpreter module
+/// mapped at the same addresses, and the runtime's interpreter/thread-state
+/// cycle intact.
 pub fn attach_fork_child(parent: &Attached, pid: i32) -> Result<Attached> {
     let target = Target::attach(pid)?;
     let not_same = |why: &str| Error::NotPython { pid, why: format!("not a fork of {} as it was attached: {why}", parent.target.pid) };
     if target.exe().is_none() || target.exe() != parent.target.exe() {
         return Err(not_same("another executable"));
+    }
+    // The same program exec'd anew: a non-PIE build maps it where it was,
+    // and once initialised it passes the checks below, but it is no longer
+    // a fork (its session would take its own command line for an exec).
+    if target.cmdline() != parent.target.cmdline() {
+        return Err(not_same("another command line"));
     }
     let maps = read_maps(pid)?;
     let module_maps = |maps: &[Mapping]| -> Vec<(u64, u64, u64)> {

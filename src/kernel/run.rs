@@ -511,6 +511,16 @@ pub fn run(
                         procs.insert(sessions[i].pid() as u32, p);
                         i += 1;
                     }
+                    // A fork child attached from its parent's layout can
+                    // exec before its first read here (a `subprocess` child
+                    // found between its fork and its exec): attached anew,
+                    // as `drop_ended` does for one that execs later.
+                    Err(_) if sessions[i].execd() => {
+                        d.execd(sessions.remove(i).pid());
+                    }
+                    Err(e) if e.is_process_gone() => {
+                        sessions.remove(i);
+                    }
                     Err(e) => {
                         *stats.errors.entry(crate::sampler::error_kind(&e).into()).or_insert(0) += 1;
                         sessions.remove(i);

@@ -79,7 +79,10 @@ impl KernelTarget {
             refreshed: None,
             stale: true,
         };
-        t.refresh(k, a)?;
+        if let Err(e) = t.refresh(k, a) {
+            t.forget(k);
+            return Err(e);
+        }
         // Kept before this process was a target, they are another
         // process's, whose thread had the same tid (at worst one of its
         // own, kept since: then /proc's registers serve).
