@@ -14,6 +14,7 @@ use crate::counts::Counters;
 use crate::error::Result;
 use crate::native::layer::NativeLayer;
 use crate::process::Target;
+use crate::process::maps::span_of;
 pub use crate::python::snapshot::SnapshotNeeds;
 use crate::python::snapshot::Snapshotter;
 use crate::stack::{Frame, FrameKind, ThreadStack};
@@ -186,10 +187,8 @@ impl Session {
         if self.exec_watch.as_ref().is_some_and(|w| cmdline_changed(&self.attached.target, &w.cmdline)) {
             return true;
         }
-        let module = |maps: &[crate::process::maps::Mapping]| -> Vec<(u64, u64)> {
-            maps.iter().filter(|m| m.path.as_deref() == Some(self.attached.module.as_str())).map(|m| (m.start, m.end)).collect()
-        };
-        crate::process::maps::read_maps(self.pid()).is_ok_and(|now| module(&now) != module(&self.attached.maps))
+        let module = self.attached.module.as_str();
+        crate::process::maps::read_maps(self.pid()).is_ok_and(|now| span_of(&now, module) != span_of(&self.attached.maps, module))
     }
 
     /// Whether a fork child has exec'd while its snapshots go on working: a

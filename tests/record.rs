@@ -391,18 +391,20 @@ fn subprocesses_follow_forked_workers() {
 
 /// Children that exec as soon as they are forked, as `subprocess` runs
 /// them: each is found by a tick between its fork and its exec, or after,
-/// and every one of them must be followed into what it exec'd. CI once lost
-/// one: attached from its parent's layout, it exec'd before the kernel
-/// sampler's first read of it, and that read's failure dropped it for good
-/// (about one child in 200 then).
+/// and every one of them must be followed into what it exec'd, however
+/// short it is. CI once lost one: attached from its parent's layout, it
+/// exec'd before the kernel sampler's first read of it, and that read's
+/// failure dropped it for good (about one child in 200 then).
 #[test]
 fn children_that_exec_at_once_are_each_followed() {
     let _serial = heavy();
-    const CHILDREN: usize = 20;
+    const CHILDREN: usize = 30;
     for_each_interpreter(|py| {
         let dir = temp_dir("exec-children");
         let out_path = dir.join("p.json");
-        let argv = py.argv("exec_children.py", &[&CHILDREN.to_string(), "0.3"]);
+        // 50 ms each: a child attached 100 ms after it was found (a retry
+        // every 100 ms while it starts) is over by then.
+        let argv = py.argv("exec_children.py", &[&CHILDREN.to_string(), "0.05"]);
         let mut args = vec!["--subprocesses", "-r", "1000", "-q", "-o", out_path.to_str().unwrap(), "--"];
         args.extend(argv.iter().map(String::as_str));
         let out = record(&args);

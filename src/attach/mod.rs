@@ -11,7 +11,7 @@ use crate::binary::runtime::{self, Method};
 use crate::binary::version::PythonVersion;
 use crate::error::{Error, Result};
 use crate::offsets::{debug, table};
-use crate::process::maps::{Mapping, plausible_data_ptr, read_maps};
+use crate::process::maps::{Mapping, plausible_data_ptr, read_maps, span_of};
 use crate::process::memory::{RemoteMemory, VmReader};
 use crate::process::{Target, file_name};
 use crate::python::interpreter::{Interpreter, offsets_for};
@@ -190,10 +190,7 @@ pub fn attach_fork_child(parent: &Attached, pid: i32) -> Result<Attached> {
         return Err(not_same("another command line"));
     }
     let maps = read_maps(pid)?;
-    let module_maps = |maps: &[Mapping]| -> Vec<(u64, u64, u64)> {
-        maps.iter().filter(|m| m.path.as_deref() == Some(parent.module.as_str())).map(|m| (m.start, m.end, m.offset)).collect()
-    };
-    if module_maps(&maps) != module_maps(&parent.maps) {
+    if span_of(&maps, &parent.module) != span_of(&parent.maps, &parent.module) {
         return Err(not_same("the interpreter module is mapped elsewhere"));
     }
     let mem = VmReader::new(pid);

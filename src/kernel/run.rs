@@ -183,22 +183,23 @@ fn reindex(procs: &mut HashMap<u32, Proc>, sessions: &[Session]) {
     }
 }
 
-/// Sessions whose process ended (or exec'd, which `discover` attaches
-/// anew): out of the program's maps and of `sessions`.
+/// Sessions whose process exec'd (which `discover` attaches anew) or,
+/// with `ended` (`Some(thorough)`), ended: out of the program's maps and
+/// of `sessions`.
 fn drop_ended(
     k: &mut KernelSampler,
     procs: &mut HashMap<u32, Proc>,
     sessions: &mut Vec<Session>,
     stats: &mut SamplerStats,
     discover: &mut Option<&mut dyn Discover>,
-    thorough: bool,
+    ended: Option<bool>,
 ) {
     let mut execd = Vec::new();
     let before = sessions.len();
     sessions.retain_mut(|s| {
         let pid = s.pid();
         let exec = s.exec_seen();
-        let alive = !s.attached().target.has_ended(thorough);
+        let alive = ended.is_none_or(|thorough| !s.attached().target.has_ended(thorough));
         if alive && !exec {
             return true;
         }
@@ -363,6 +364,10 @@ pub fn run(
                     // Its end, found by the read before the liveness check
                     // below: not a lost sample (the ptrace sampler's rule).
                     Err(e) if e.is_process_gone() || crate::process::is_exiting(pid) => {}
+                    // A fork child that exec'd, read before the exec was
+                    // seen (below, within 5 ms): attached anew, as the
+                    // ptrace sampler does with one whose snapshot failed.
+                    Err(_) if sessions[p.session].execd() => {}
                     // By kind, as the ptrace sampler counts (the agent's
                     // metrics label by it: a message would be a new series).
                     Err(e) => *stats.errors.entry(crate::sampler::error_kind(&e).into()).or_insert(0) += 1,
@@ -429,6 +434,7 @@ pub fn run(
                     frames.clear();
                     frames.push(Frame::python(crate::sampler::TORN, "", 0));
                 }
+                Err(_) if sessions[p.session].execd() => return,
                 Err(e) => {
                     *stats.errors.entry(crate::sampler::error_kind(&e).into()).or_insert(0) += 1;
                     return;
@@ -484,7 +490,13 @@ pub fn run(
         if cfg.duration.is_some_and(|d| elapsed >= d) {
             break StopReason::Duration;
         }
-        if last_alive.elapsed() >= Duration::from_millis(50) {
+        // An exec of a fork child (watched for a moment after its attach)
+        // is looked for at every pass, not every 50 ms: a `subprocess`
+        // child may run for only tens of ms after its exec, and is not
+        // sampled until it is attached anew.
+        if last_alive.elapsed() < Duration::from_millis(50) {
+            drop_ended(k, &mut procs, sessions, &mut stats, &mut discover, None);
+        } else {
             last_alive = Instant::now();
             // An exit is seen within 50 ms (a pidfd); one begun, or of
             // the main thread alone, within 500 ms (`/proc`, a file read
@@ -493,7 +505,7 @@ pub fn run(
             if thorough {
                 last_thorough = last_alive;
             }
-            drop_ended(k, &mut procs, sessions, &mut stats, &mut discover, thorough);
+            drop_ended(k, &mut procs, sessions, &mut stats, &mut discover, Some(thorough));
             if procs.is_empty() && !cfg.run_without_targets {
                 break StopReason::TargetExited;
             }
@@ -518,7 +530,8 @@ pub fn run(
                     Err(_) if sessions[i].execd() => {
                         d.execd(sessions.remove(i).pid());
                     }
-                    Err(e) if e.is_process_gone() => {
+                    // A short child may end by the time it is attached.
+                    Err(e) if e.is_process_gone() || sessions[i].attached().target.has_ended(true) => {
                         sessions.remove(i);
                     }
                     Err(e) => {

@@ -22,6 +22,15 @@ impl Mapping {
     }
 }
 
+/// The lowest start and highest end of `path`'s mappings: where a module
+/// is loaded. Not its list of mappings, which the loader's `mprotect`s
+/// (RELRO) split after a snapshot of it was taken.
+pub fn span_of(maps: &[Mapping], path: &str) -> Option<(u64, u64)> {
+    let mut of = maps.iter().filter(|m| m.path.as_deref() == Some(path));
+    let first = of.next()?;
+    Some(of.fold((first.start, first.end), |(lo, hi), m| (lo.min(m.start), hi.max(m.end))))
+}
+
 pub fn read_maps(pid: i32) -> Result<Vec<Mapping>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::NoSuchProcess(pid),
@@ -83,5 +92,28 @@ mod tests {
         assert_eq!(m[2].path, None);
         assert_eq!(m[3].path.as_deref(), Some("/tmp/a b.so"));
         assert!(m[3].executable);
+    }
+
+    /// The mappings of libpython3.12 in a parent attached early, and in its
+    /// vfork child a moment later, once the loader's RELRO mprotect split
+    /// the last one (seen on pyenv's 3.12): the same module, where it was.
+    #[test]
+    fn a_module_split_by_mprotect_keeps_its_span() {
+        let lib = "/v/lib/libpython3.12.so.1.0";
+        let line = |a: &str, p: &str, off: &str| format!("{a} {p} {off} fe:00 73486 {lib}\n");
+        let early = parse_maps(&[line("7f21fba00000-7f21fbb06000", "r--p", "00000000"), line("7f21fbecd000-7f21fc0b4000", "rw-p", "004cc000")].concat());
+        let later = parse_maps(
+            &[
+                line("7f21fba00000-7f21fbb06000", "r--p", "00000000"),
+                line("7f21fbecd000-7f21fbf44000", "r--p", "004cc000"),
+                line("7f21fbf44000-7f21fc0b4000", "rw-p", "00543000"),
+            ]
+            .concat(),
+        );
+        assert_eq!(span_of(&early, lib), Some((0x7f21fba00000, 0x7f21fc0b4000)));
+        assert_eq!(span_of(&early, lib), span_of(&later, lib));
+        let moved = parse_maps(&line("7fcfed400000-7fcfed506000", "r--p", "00000000"));
+        assert_ne!(span_of(&moved, lib), span_of(&later, lib));
+        assert_eq!(span_of(&later, "/other.so"), None);
     }
 }

@@ -17,14 +17,36 @@ use crate::sampler::Discover;
 use crate::session::Session;
 use crate::session::SessionOptions;
 
-/// Attempts per child before it is taken for a program that is not Python.
-const MAX_TRIES: u32 = 20;
-/// Between attempts at a child that was not Python yet.
+/// Attempts per child before it is taken for a program that is not Python
+/// (about 2 s of [`retry_after`]).
+const MAX_TRIES: u32 = 25;
+/// The longest wait between attempts at a child that was not Python yet.
 const RETRY_EVERY: Duration = Duration::from_millis(100);
+
 /// Between listings of all of /proc.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// New pids looked at one by one in a tick; more, and /proc is listed.
 const MAX_NEW: usize = 512;
+
+/// The wait after a child's `tries`-th failed attempt: short at first (a
+/// child that just exec'd Python is attachable within tens of ms, and a
+/// short one is done within a hundred), then every [`RETRY_EVERY`].
+fn retry_after(tries: u32) -> Duration {
+    Duration::from_millis(1u64 << tries.min(7)).min(RETRY_EVERY)
+}
+
+/// A child not attached yet.
+struct Pending {
+    tries: u32,
+    /// When to try it again; None once [`MAX_TRIES`] failed.
+    next: Option<Instant>,
+}
+
+impl Pending {
+    fn new() -> Pending {
+        Pending { tries: 0, next: Some(Instant::now()) }
+    }
+}
 
 pub struct ChildFinder {
     roots: Vec<i32>,
@@ -32,23 +54,14 @@ pub struct ChildFinder {
     new_pids: Option<NewPids>,
     /// Descendants seen so far, Python or not (a shell's children count).
     family: HashSet<i32>,
-    /// pid → failed attach attempts, for children not attached yet.
-    pending: HashMap<i32, u32>,
+    /// Children not attached yet.
+    pending: HashMap<i32, Pending>,
     last_sweep: Option<Instant>,
-    last_retry: Instant,
 }
 
 impl ChildFinder {
     pub fn new(root: i32, opts: SessionOptions) -> ChildFinder {
-        ChildFinder {
-            roots: vec![root],
-            opts,
-            new_pids: NewPids::open(),
-            family: HashSet::from([root]),
-            pending: HashMap::new(),
-            last_sweep: None,
-            last_retry: Instant::now(),
-        }
+        ChildFinder { roots: vec![root], opts, new_pids: NewPids::open(), family: HashSet::from([root]), pending: HashMap::new(), last_sweep: None }
     }
 
     fn sweep(&mut self, sessions: &mut Vec<Session>) {
@@ -56,14 +69,16 @@ impl ChildFinder {
         self.pending.retain(|p, _| self.family.contains(p));
         for pid in descendants(&self.roots) {
             if self.family.insert(pid) {
-                self.pending.insert(pid, 0);
+                self.pending.insert(pid, Pending::new());
             }
         }
         self.retry(sessions);
     }
 
+    /// The pending children whose next attempt is due.
     fn retry(&mut self, sessions: &mut Vec<Session>) {
-        let mut pids: Vec<i32> = self.pending.keys().copied().collect();
+        let now = Instant::now();
+        let mut pids: Vec<i32> = self.pending.iter().filter(|(_, p)| p.next.is_some_and(|t| t <= now)).map(|(&pid, _)| pid).collect();
         pids.sort_unstable();
         for pid in pids {
             self.try_attach(pid, None, sessions);
@@ -76,11 +91,12 @@ impl ChildFinder {
             self.pending.remove(&pid);
             return;
         }
-        let tries = self.pending.entry(pid).or_insert(0);
-        if *tries >= MAX_TRIES {
+        let p = self.pending.entry(pid).or_insert_with(Pending::new);
+        if p.next.is_none() {
             return;
         }
-        *tries += 1;
+        p.tries += 1;
+        p.next = (p.tries < MAX_TRIES).then(|| Instant::now() + retry_after(p.tries));
         // Children found by listing /proc too (those there at the start,
         // typically a server's first workers) may be fork children.
         let parent = parent.or_else(|| parent_of_process(pid)).and_then(|pp| sessions.iter().find(|s| s.pid() == pp));
@@ -111,7 +127,6 @@ impl Discover for ChildFinder {
         let sweep_due = self.last_sweep.is_none_or(|t| now - t >= SWEEP_EVERY);
         if created == Created::TooMany || sweep_due {
             self.last_sweep = Some(now);
-            self.last_retry = now;
             self.sweep(sessions);
             return;
         }
@@ -124,13 +139,12 @@ impl Discover for ChildFinder {
                 }
             }
         }
-        if !self.pending.is_empty() && now - self.last_retry >= RETRY_EVERY {
-            self.last_retry = now;
+        if !self.pending.is_empty() {
             self.retry(sessions);
         }
     }
 
     fn execd(&mut self, pid: i32) {
-        self.pending.insert(pid, 0);
+        self.pending.insert(pid, Pending::new());
     }
 }
