@@ -35,16 +35,16 @@ fn retry_after(tries: u32) -> Duration {
     Duration::from_millis(1u64 << tries.min(7)).min(RETRY_EVERY)
 }
 
-/// A child not attached yet.
+/// A child not attached yet (one taken for a program that is not Python
+/// is no longer pending, but stays in the family).
 struct Pending {
     tries: u32,
-    /// When to try it again; None once [`MAX_TRIES`] failed.
-    next: Option<Instant>,
+    next: Instant,
 }
 
 impl Pending {
     fn new() -> Pending {
-        Pending { tries: 0, next: Some(Instant::now()) }
+        Pending { tries: 0, next: Instant::now() }
     }
 }
 
@@ -78,7 +78,7 @@ impl ChildFinder {
     /// The pending children whose next attempt is due.
     fn retry(&mut self, sessions: &mut Vec<Session>) {
         let now = Instant::now();
-        let mut pids: Vec<i32> = self.pending.iter().filter(|(_, p)| p.next.is_some_and(|t| t <= now)).map(|(&pid, _)| pid).collect();
+        let mut pids: Vec<i32> = self.pending.iter().filter(|(_, p)| p.next <= now).map(|(&pid, _)| pid).collect();
         pids.sort_unstable();
         for pid in pids {
             self.try_attach(pid, None, sessions);
@@ -92,11 +92,9 @@ impl ChildFinder {
             return;
         }
         let p = self.pending.entry(pid).or_insert_with(Pending::new);
-        if p.next.is_none() {
-            return;
-        }
         p.tries += 1;
-        p.next = (p.tries < MAX_TRIES).then(|| Instant::now() + retry_after(p.tries));
+        p.next = Instant::now() + retry_after(p.tries);
+        let tries = p.tries;
         // Children found by listing /proc too (those there at the start,
         // typically a server's first workers) may be fork children.
         let parent = parent.or_else(|| parent_of_process(pid)).and_then(|pp| sessions.iter().find(|s| s.pid() == pp));
@@ -109,7 +107,7 @@ impl ChildFinder {
                 self.pending.remove(&pid);
                 sessions.push(s);
             }
-            Err(e) if e.is_process_gone() => {
+            Err(e) if e.is_process_gone() || tries >= MAX_TRIES => {
                 self.pending.remove(&pid);
             }
             Err(_) => {}
