@@ -19,6 +19,8 @@ pub struct ProgramCost {
     /// Ticks that hit a target thread, and records lost to a full ring.
     pub hits: u64,
     pub lost: u64,
+    /// Ticks that hit a target thread inside execve, not taken.
+    pub in_exec: u64,
 }
 
 /// How samples were taken: one snapshot's counts, or a recording's sum.

@@ -79,6 +79,11 @@ pub struct Session {
     fork_child: bool,
     /// A fork child's command line as attached, watched for a while.
     exec_watch: Option<ExecWatch>,
+    /// The kernel sampler saw the process exec ([`Self::note_exec`]).
+    exec_noted: bool,
+    /// When [`Self::execd`] last read the maps of a session that is no
+    /// fork child (it is asked at every failed read).
+    exec_checked: std::cell::Cell<Option<Instant>>,
     /// Why `--mode cpu` reads thread states from /proc here, if it does.
     run_states_refused: Option<String>,
     /// Snapshots taken so far (counted to [`COLD_SNAPSHOTS`]).
@@ -163,6 +168,8 @@ impl Session {
             gc_frame,
             fork_child: false,
             exec_watch: None,
+            exec_noted: false,
+            exec_checked: std::cell::Cell::new(None),
             run_states_refused: None,
             snapshots: 0,
             mem_seen: (0, 0),
@@ -175,20 +182,36 @@ impl Session {
         self.acquirer.waits_for_cpus(&self.attached, self.snapshots < COLD_SNAPSHOTS)
     }
 
-    /// Whether a fork child attached from its parent's session has exec'd
-    /// since (caught between fork and exec), asked after a read of it
-    /// failed: its command line is no longer its parent's, or its
-    /// interpreter module is no longer where the parent's was. A new attach
-    /// is needed.
+    /// Whether the process has exec'd since it was attached, asked after a
+    /// read of it failed: a fork child's command line is no longer its
+    /// parent's, or the interpreter module is no longer where it was
+    /// attached (a new image is mapped at new addresses). A new attach is
+    /// needed. A process that is no fork child is looked at every
+    /// [`EXEC_CHECK_EVERY`] at most: failed reads may come by the thousand.
+    /// (An exec into the same addresses, a non-PIE build, reads on: the
+    /// same binary has its runtime where it was.)
     pub fn execd(&self) -> bool {
+        if self.exec_noted {
+            return true;
+        }
         if !self.fork_child {
-            return false;
+            let now = Instant::now();
+            if self.exec_checked.get().is_some_and(|t| now < t + EXEC_CHECK_EVERY) {
+                return false;
+            }
+            self.exec_checked.set(Some(now));
         }
         if self.exec_watch.as_ref().is_some_and(|w| cmdline_changed(&self.attached.target, &w.cmdline)) {
             return true;
         }
         let module = self.attached.module.as_str();
         crate::process::maps::read_maps(self.pid()).is_ok_and(|now| span_of(&now, module) != span_of(&self.attached.maps, module))
+    }
+
+    /// The kernel sampler's program saw the process exec (and took it out
+    /// of its targets then): [`Self::exec_seen`] says so from now on.
+    pub fn note_exec(&mut self) {
+        self.exec_noted = true;
     }
 
     /// Whether a fork child has exec'd while its snapshots go on working: a
@@ -202,6 +225,9 @@ impl Session {
     /// exec'd again needs no new label, and a moved module is still caught
     /// by [`Self::execd`].
     pub fn exec_seen(&mut self) -> bool {
+        if self.exec_noted {
+            return true;
+        }
         let Some(w) = self.exec_watch.as_mut() else { return false };
         let now = Instant::now();
         if now >= w.until {

@@ -431,6 +431,46 @@ fn children_that_exec_at_once_are_each_followed() {
     });
 }
 
+/// A recorded process that execs a new Python program (a launcher that
+/// execs its application, a server that re-execs itself) is followed into
+/// it by both samplers, attached anew once the new interpreter runs.
+/// Before, the kernel sampler read the new image at the old image's
+/// addresses (1.5 s of `[truncated]` stacks) and the ptrace sampler counted
+/// read errors until the process ended.
+#[test]
+fn a_target_that_execs_is_followed_into_its_new_program() {
+    let _serial = heavy();
+    for_each_interpreter(|py| {
+        for sampler in ["kernel", "ptrace"] {
+            let out_path = temp_dir("execs-itself").join("p.json");
+            let target = py.spawn("execs_itself.py", &["1.5"]);
+            let out = record(&["--pid", &target.pid().to_string(), "--sampler", sampler, "-r", "200", "-d", "8", "-q", "-o", out_path.to_str().unwrap()]);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let label = format!("[{}] {sampler}", py.label);
+            assert!(out.status.success(), "{label}: {stderr}");
+            let p = read_profile(&out_path);
+            if sampler == "kernel" {
+                if !kernel_ran(&p.meta.sampling.method, &stderr, &py.label) {
+                    continue;
+                }
+                let k = p.meta.sampling.kernel.as_ref().expect("meta.sampling.kernel");
+                assert_eq!(k.execs, 1, "{label}: {k:?}");
+            }
+            let samples_in =
+                |name: &str| -> u64 { p.stacks.iter().filter(|s| s.frames.iter().any(|&f| p.frames[f as usize].function == name)).map(|s| s.count).sum() };
+            let (before, after) = (samples_in("before_exec"), samples_in("after_exec"));
+            // 1.5 s at 200 Hz is 300 ticks; the new interpreter starts within tens of ms.
+            assert!(before > 0 && after >= 200, "{label}: {before} samples before the exec, {after} after; errors {:?}", p.meta.errors);
+            // The new interpreter's start makes code and drops it within a
+            // drain, and pages its memory in: a few marked stacks are its
+            // own, not the exec's (which read the new image at the old
+            // addresses: every stack after it marked).
+            let marked: u64 = p.stacks.iter().filter(|s| s.frames.iter().any(|&f| p.frames[f as usize].function.starts_with('['))).map(|s| s.count).sum();
+            assert!(marked <= 20, "{label}: {marked} marked stacks of {}", p.total_samples());
+        }
+    });
+}
+
 #[test]
 fn bad_arguments_fail_fast_with_one_line() {
     let _serial = heavy();

@@ -100,15 +100,15 @@ fn attach(prog: &mut PerfEvent, cpu: u32, rate_hz: f64) -> Result<PerfEventLinkI
     .map_err(|e| refused(&format!("perf event on CPU {cpu}"), e))
 }
 
-/// Load program `name` and attach it to the `sched_switch` raw tracepoint.
-fn attach_switch(bpf: &mut Ebpf, name: &str) -> Result<(), Refused> {
+/// Load program `name` and attach it to raw tracepoint `point`.
+fn attach_raw(bpf: &mut Ebpf, name: &str, point: &str) -> Result<(), Refused> {
     let sw: &mut RawTracePoint = bpf
         .program_mut(name)
         .ok_or_else(|| Refused { why: format!("BPF object has no {name} program") })?
         .try_into()
         .map_err(|e| refused("BPF program type", e))?;
     sw.load().map_err(|e| refused(&format!("the kernel refused the BPF program {name}"), e))?;
-    sw.attach("sched_switch").map_err(|e| refused("attaching to sched_switch", e))?;
+    sw.attach(point).map_err(|e| refused(&format!("attaching to {point}"), e))?;
     Ok(())
 }
 
@@ -148,8 +148,9 @@ impl KernelSampler {
             links.push((cpu, attach(prog, cpu, rate_hz)?));
         }
         if native.is_some() || switch_records {
-            attach_switch(&mut bpf, "switch_out")?;
+            attach_raw(&mut bpf, "switch_out", "sched_switch")?;
         }
+        attach_raw(&mut bpf, "exec_seen", "sched_process_exec")?;
         let take = |bpf: &mut Ebpf, name: &str| bpf.take_map(name).ok_or_else(|| Refused { why: format!("BPF object has no map {name}") });
         let targets = HashMap::try_from(take(&mut bpf, "TARGETS")?).map_err(|e| refused("TARGETS", e))?;
         let threads = HashMap::try_from(take(&mut bpf, "THREADS")?).map_err(|e| refused("THREADS", e))?;
@@ -258,6 +259,7 @@ impl KernelSampler {
         let sum = |i: u32| self.counts.get(&i, 0).map(|v| v.iter().sum::<u64>()).unwrap_or(0);
         c.hits = sum(0);
         c.lost = sum(1);
+        c.in_exec = sum(2);
         c
     }
 }

@@ -21,6 +21,9 @@ pub const FLAG_NO_REGS: u16 = 32;
 /// Taken by the switch program as its thread left its CPU (`--mode wall`),
 /// not at a tick: see `off_cpu::Switched`.
 pub const FLAG_SWITCH_OUT: u16 = 64;
+/// No stack: the process exec'd, and the program took it out of its
+/// targets as it did (a header alone).
+pub const FLAG_EXEC: u16 = 128;
 
 pub const NO_CFRAME: u32 = u32::MAX;
 /// A thread-state field this version lacks.

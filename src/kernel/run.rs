@@ -20,7 +20,7 @@ use crate::thread_filter::{NameKnown, ThreadFilter};
 use super::convert::{Converter, Outcome};
 use super::loader::{KernelSampler, ProgramCost};
 use super::off_cpu::{self, OffCpu, Ticks};
-use super::record::{FLAG_FAULT, FLAG_NO_TSTATE, FLAG_SWITCH_OUT, FLAG_TRUNCATED, FLAG_WORD_FAULT, HEADER_LEN, Header};
+use super::record::{FLAG_EXEC, FLAG_FAULT, FLAG_NO_TSTATE, FLAG_SWITCH_OUT, FLAG_TRUNCATED, FLAG_WORD_FAULT, HEADER_LEN, Header};
 use super::target::{KernelTarget, PythonNames};
 
 /// What the kernel sampler saw (the counts `meta.sampling.kernel` keeps)
@@ -179,6 +179,17 @@ impl Proc {
     }
 }
 
+/// The processes that exec'd, as the program saw it: their sessions are
+/// marked, for [`drop_ended`] to drop and `discover` to attach anew.
+fn note_execs(execs: &mut Vec<u32>, sessions: &mut [Session], ks: &mut KernelStats) {
+    for pid in execs.drain(..) {
+        ks.counts.execs += 1;
+        if let Some(s) = sessions.iter_mut().find(|s| s.pid() as u32 == pid) {
+            s.note_exec();
+        }
+    }
+}
+
 /// After sessions came or went: each process's index anew.
 fn reindex(procs: &mut HashMap<u32, Proc>, sessions: &[Session]) {
     for (i, s) in sessions.iter().enumerate() {
@@ -272,6 +283,7 @@ pub fn run(
     let count_threads = !cfg.run_without_targets;
     let mut frames: Vec<Frame> = Vec::new();
     let mut pending = Pending::default();
+    let mut execs: Vec<u32> = Vec::new();
     let mut last_progress = Duration::ZERO;
     let mut last_alive = Instant::now();
     let mut last_thorough = Instant::now();
@@ -308,6 +320,10 @@ pub fn run(
         if k.switch_records() {
             k.drain(|rec| {
                 let Some(h) = Header::parse(rec) else { return };
+                if h.flags & FLAG_EXEC != 0 {
+                    execs.push(h.pid);
+                    return;
+                }
                 if h.flags & FLAG_SWITCH_OUT == 0 {
                     pending.push(rec);
                     return;
@@ -321,6 +337,12 @@ pub fn run(
                     p.switched.keep(h.tid, h.time_ns, rec);
                 }
             });
+        }
+        // Before the tick: a process that exec'd is no longer the one its
+        // session read (and the program took it out as it exec'd).
+        if !execs.is_empty() {
+            note_execs(&mut execs, sessions, &mut ks);
+            drop_ended(k, &mut procs, sessions, &mut stats, &mut discover, None);
         }
         // The tick first: the records drained after it know whether the
         // tick of their period was skipped.
@@ -387,6 +409,10 @@ pub fn run(
         let mut handle = |rec: &[u8]| {
             let Some(h) = Header::parse(rec) else { return };
             if h.flags & FLAG_SWITCH_OUT != 0 {
+                return;
+            }
+            if h.flags & FLAG_EXEC != 0 {
+                execs.push(h.pid);
                 return;
             }
             ks.counts.records += 1;
@@ -479,6 +505,7 @@ pub fn run(
         } else {
             k.drain(handle);
         }
+        note_execs(&mut execs, sessions, &mut ks);
         for p in procs.values_mut() {
             if p.target.due() {
                 // A list read while the target changes it may fail: the next one will do.
@@ -510,7 +537,7 @@ pub fn run(
                 last_thorough = last_alive;
             }
             drop_ended(k, &mut procs, sessions, &mut stats, &mut discover, Some(thorough));
-            if procs.is_empty() && !cfg.run_without_targets {
+            if procs.is_empty() && !cfg.run_without_targets && !discover.as_deref().is_some_and(|d| d.waiting()) {
                 break StopReason::TargetExited;
             }
         }
@@ -568,6 +595,7 @@ pub fn run(
     ks.counts.off_cpu_carried = stats.counts.carried;
     ks.counts.off_cpu_from_switch = stats.counts.from_switch_out;
     ks.counts.lost = ks.program.lost;
+    ks.counts.in_exec = ks.program.in_exec;
     ks.counts.program_ns = ks.program.run_time.as_nanos() as u64;
     ks.counts.program_runs = ks.program.runs;
     stats.elapsed = start.elapsed();
@@ -610,21 +638,22 @@ impl KernelStats {
             format!("; {:.0} % of stacks hold code freed before it was named (--sampler ptrace names it)", c.code_gone as f64 * 100.0 / c.records as f64)
         } else {
             String::new()
-        } + &if c.wall_ticks > 0 {
-            format!(
-                "; wall mode: {} ticks ({} skipped, late, with the {} records in them), {} stacks of threads on no CPU: {} from the record taken as the thread left its CPU (of {} such records), {} carried over unchanged, the rest read from user space ({} moved while read)",
-                c.wall_ticks,
-                c.wall_ticks_skipped,
-                c.in_skipped_ticks,
-                c.off_cpu,
-                c.off_cpu_from_switch,
-                c.switch_out_records,
-                c.off_cpu_carried,
-                c.off_cpu_moved
-            )
-        } else {
-            String::new()
-        }
+        } + &if c.execs + c.in_exec > 0 { format!("; {} exec(s) of a target, {} ticks inside one not taken", c.execs, c.in_exec) } else { String::new() }
+            + &if c.wall_ticks > 0 {
+                format!(
+                    "; wall mode: {} ticks ({} skipped, late, with the {} records in them), {} stacks of threads on no CPU: {} from the record taken as the thread left its CPU (of {} such records), {} carried over unchanged, the rest read from user space ({} moved while read)",
+                    c.wall_ticks,
+                    c.wall_ticks_skipped,
+                    c.in_skipped_ticks,
+                    c.off_cpu,
+                    c.off_cpu_from_switch,
+                    c.switch_out_records,
+                    c.off_cpu_carried,
+                    c.off_cpu_moved
+                )
+            } else {
+                String::new()
+            }
     }
 }
 

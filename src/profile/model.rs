@@ -211,6 +211,14 @@ pub struct KernelSampling {
     /// skipped, dropped with it (see `kernel::off_cpu::Ticks`).
     #[serde(default)]
     pub in_skipped_ticks: u64,
+    /// Execs of a target: each was taken out of the program's targets as
+    /// it happened and attached anew if it runs Python.
+    #[serde(default)]
+    pub execs: u64,
+    /// Ticks that hit a target thread inside execve: not taken (its old
+    /// image's addresses mean nothing once the new one is in).
+    #[serde(default)]
+    pub in_exec: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

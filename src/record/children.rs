@@ -36,19 +36,23 @@ fn retry_after(tries: u32) -> Duration {
 }
 
 /// A child not attached yet (one taken for a program that is not Python
-/// is no longer pending, but stays in the family).
+/// is no longer pending, but stays in the family), or a followed process
+/// that exec'd, to be attached anew.
 struct Pending {
     tries: u32,
     next: Instant,
+    execd: bool,
 }
 
 impl Pending {
     fn new() -> Pending {
-        Pending { tries: 0, next: Instant::now() }
+        Pending { tries: 0, next: Instant::now(), execd: false }
     }
 }
 
 pub struct ChildFinder {
+    /// `--subprocesses`: else only processes that exec'd are attached anew.
+    children: bool,
     roots: Vec<i32>,
     opts: SessionOptions,
     new_pids: Option<NewPids>,
@@ -60,8 +64,12 @@ pub struct ChildFinder {
 }
 
 impl ChildFinder {
-    pub fn new(root: i32, opts: SessionOptions) -> ChildFinder {
-        ChildFinder { roots: vec![root], opts, new_pids: NewPids::open(), family: HashSet::from([root]), pending: HashMap::new(), last_sweep: None }
+    /// The finder of `root`'s descendants with `children` (`--subprocesses`);
+    /// without, it only attaches anew a recorded process that exec'd (a
+    /// launcher that execs its Python program, a server re-exec'ing itself).
+    pub fn new(root: i32, opts: SessionOptions, children: bool) -> ChildFinder {
+        let new_pids = if children { NewPids::open() } else { None };
+        ChildFinder { children, roots: vec![root], opts, new_pids, family: HashSet::from([root]), pending: HashMap::new(), last_sweep: None }
     }
 
     fn sweep(&mut self, sessions: &mut Vec<Session>) {
@@ -117,6 +125,12 @@ impl ChildFinder {
 
 impl Discover for ChildFinder {
     fn poll(&mut self, sessions: &mut Vec<Session>) {
+        if !self.children {
+            if !self.pending.is_empty() {
+                self.retry(sessions);
+            }
+            return;
+        }
         let now = Instant::now();
         let created = match &mut self.new_pids {
             Some(n) => n.since_last(MAX_NEW),
@@ -143,6 +157,10 @@ impl Discover for ChildFinder {
     }
 
     fn execd(&mut self, pid: i32) {
-        self.pending.insert(pid, Pending::new());
+        self.pending.insert(pid, Pending { execd: true, ..Pending::new() });
+    }
+
+    fn waiting(&self) -> bool {
+        self.pending.values().any(|p| p.execd)
     }
 }

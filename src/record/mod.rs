@@ -72,8 +72,9 @@ pub fn run(cfg: &RecordConfig) -> anyhow::Result<i32> {
     let about = summary::Target::of(&first);
     // Held from the start: after the target exits its /proc path is gone.
     let sources = crate::output::heatmap::SourceRoot::of_process(first.pid());
-    let mut finder = ChildFinder::new(first.pid(), attach.clone());
-    let discover: Option<&mut dyn Discover> = if cfg.subprocesses { Some(&mut finder) } else { None };
+    // Without --subprocesses, only to attach the target anew if it execs.
+    let mut finder = ChildFinder::new(first.pid(), attach.clone(), cfg.subprocesses);
+    let discover: Option<&mut dyn Discover> = Some(&mut finder);
     let mut sessions = vec![first];
 
     let start_time = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);

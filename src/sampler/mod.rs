@@ -236,6 +236,12 @@ pub trait Discover {
 
     /// Session `pid` was dropped because the process exec'd: attach it anew.
     fn execd(&mut self, _pid: i32) {}
+
+    /// A process that exec'd is being attached anew: a recording whose
+    /// sessions are all gone goes on meanwhile.
+    fn waiting(&self) -> bool {
+        false
+    }
 }
 
 /// A GC share of 0 is a finding only where `<GC>` frames are added at all.
@@ -418,7 +424,7 @@ pub fn run(
             execd.into_iter().for_each(|pid| d.execd(pid));
         }
         timer.rest(held);
-        if sessions.is_empty() && !cfg.run_without_targets {
+        if sessions.is_empty() && !cfg.run_without_targets && !discover.as_deref().is_some_and(|d| d.waiting()) {
             break StopReason::TargetExited;
         }
         if let Some(d) = discover.as_deref_mut() {

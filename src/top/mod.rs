@@ -93,8 +93,8 @@ pub fn run(cfg: &TopConfig) -> anyhow::Result<i32> {
     let subprocesses = rc.subprocesses;
     let full = cfg.write.then(|| Aggregator::new(rc.aggregate));
     let sampler = std::thread::Builder::new().name("pyprof-sampler".into()).spawn(move || {
-        let mut finder = ChildFinder::new(first.pid(), attach);
-        let discover: Option<&mut dyn Discover> = if subprocesses { Some(&mut finder) } else { None };
+        let mut finder = ChildFinder::new(first.pid(), attach, subprocesses);
+        let discover: Option<&mut dyn Discover> = Some(&mut finder);
         let mut sessions = vec![first];
         let mut feed = feed::Feed::new(tx, full);
         let (stats, reason, kernel_stats) = match kernel.as_mut() {

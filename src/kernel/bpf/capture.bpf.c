@@ -86,10 +86,11 @@ struct {
 	__type(value, struct left);
 } LEFT SEC(".maps");
 
-// Per CPU: [0] ticks that hit a target, [1] records lost (ring full).
+// Per CPU: [0] ticks that hit a target, [1] records lost (ring full),
+// [2] ticks that hit a target thread inside execve (not taken).
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 2);
+	__uint(max_entries, 3);
 	__type(key, __u32);
 	__type(value, __u64);
 } COUNTS SEC(".maps");
@@ -225,13 +226,31 @@ send:;
 	return len;
 }
 
+// Whether the current thread is inside execve. Once the kernel has put in
+// the new image, and until exec_seen() takes the target out, the addresses
+// user space gave are the old image's and mean nothing in the new one;
+// before that, the thread's frames are the call to exec. Neither is taken
+// (counted in COUNTS[2]). The syscall's number is in the registers saved as
+// it entered the kernel; an interrupt from user space saves no number there.
+static __always_inline int in_exec(void)
+{
+	struct pt_regs *saved = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	__u64 nr = 0;
+	if (!saved || bpf_probe_read_kernel(&nr, sizeof(nr), &saved->orig_rax))
+		return 0;
+	if (nr != 59 && nr != 322)  // execve, execveat (x86-64)
+		return 0;
+	count(2);
+	return 1;
+}
+
 SEC("perf_event")
 int capture(void *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id;
 	struct target *t = bpf_map_lookup_elem(&TARGETS, &tgid);
-	if (!t)
+	if (!t || in_exec())
 		return 0;
 	__u32 zero = 0;
 	struct record *r = bpf_map_lookup_elem(&SCRATCH, &zero);
@@ -324,7 +343,7 @@ int capture_native(struct bpf_perf_event_data *ctx)
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id;
 	struct target *t = bpf_map_lookup_elem(&TARGETS, &tgid);
-	if (!t)
+	if (!t || in_exec())
 		return 0;
 	__u32 cpu = bpf_get_smp_processor_id();
 	struct native_record *r = bpf_map_lookup_elem(&NATIVE_SCRATCH, &cpu);
@@ -373,6 +392,31 @@ send:
 	if (len > sizeof(struct native_record))
 		return 0;
 	if (bpf_ringbuf_output(&RECORDS, r, len, BPF_RB_NO_WAKEUP))
+		count(1);
+	return 0;
+}
+
+// A target process exec'd: the addresses user space gave for it were its
+// old image's. It leaves TARGETS here, before the new program runs, and
+// user space learns of it from a record flagged FLAG_EXEC (and attaches
+// the new program afresh, if it is Python). Checking for an exec from user
+// space instead left a window in which every tick read the new image at
+// the old addresses: 152 stacks of `[truncated]` in one run.
+SEC("raw_tracepoint/sched_process_exec")
+int exec_seen(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (!bpf_map_lookup_elem(&TARGETS, &tgid))
+		return 0;
+	bpf_map_delete_elem(&TARGETS, &tgid);
+	struct header h = {};
+	h.time_ns = bpf_ktime_get_ns();
+	h.pid = tgid;
+	h.tid = (__u32)id;
+	h.cpu = bpf_get_smp_processor_id();
+	h.flags = FLAG_EXEC;
+	if (bpf_ringbuf_output(&RECORDS, &h, sizeof(h), BPF_RB_NO_WAKEUP))
 		count(1);
 	return 0;
 }

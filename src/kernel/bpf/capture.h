@@ -14,6 +14,7 @@
 #define FLAG_NATIVE 16      /* a native_tail follows the frames */
 #define FLAG_NO_REGS 32     /* the user registers could not be read: no stack */
 #define FLAG_SWITCH_OUT 64  /* taken as the thread left its CPU, not at a tick */
+#define FLAG_EXEC 128       /* no stack: the process exec'd (exec_seen), its target removed */
 
 /* How a frame's code object is told apart from one that later takes its
  * address, mixed into one word: IDENT_WORD, its `co_version` word (3.12+: no

@@ -1,0 +1,31 @@
+"""A program that execs itself once: `before_exec` spins SECS, then the
+process execs the same interpreter on this script, whose `after_exec`
+spins SECS in the new image. Usage: execs_itself.py SECS"""
+
+import os
+import sys
+import time
+
+
+def spin(secs):
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        pass
+
+
+def before_exec(secs):
+    spin(secs)
+
+
+def after_exec(secs):
+    spin(secs)
+
+
+if __name__ == "__main__":
+    secs = float(sys.argv[1])
+    if sys.argv[2:] == ["after"]:
+        after_exec(secs)
+    else:
+        print("ready", flush=True)
+        before_exec(secs)
+        os.execv(sys.executable, [sys.executable, __file__, sys.argv[1], "after"])
