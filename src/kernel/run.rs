@@ -618,7 +618,7 @@ impl KernelStats {
     pub fn describe(&self, stats: &SamplerStats) -> String {
         let (p, c) = (&self.program, &self.counts);
         let per = if p.runs > 0 { format!("{:.2} µs", p.run_time.as_secs_f64() * 1e6 / p.runs as f64) } else { "unknown".into() };
-        format!(
+        let mut line = format!(
             "sampling: kernel (eBPF at the interrupt, nothing stopped); BPF program {:.1} ms CPU in {} runs on all CPUs ({per} per run, {} on a target) over {:.2} s; {} records, {} of threads not mapped yet, {} mid-push counted for the caller, {} torn, {} with a code object gone before read, {} cut by a fault, {} deeper than the bound, {} lost",
             p.run_time.as_secs_f64() * 1e3,
             p.runs,
@@ -632,28 +632,30 @@ impl KernelStats {
             c.faults,
             c.truncated,
             c.lost,
-        ) + &if c.code_gone * 100 > c.records {
+        );
+        if c.code_gone * 100 > c.records {
             // Code made and dropped within the drain (exec or eval in a loop):
             // worth a line, as the other sampler names it.
-            format!("; {:.0} % of stacks hold code freed before it was named (--sampler ptrace names it)", c.code_gone as f64 * 100.0 / c.records as f64)
-        } else {
-            String::new()
-        } + &if c.execs + c.in_exec > 0 { format!("; {} exec(s) of a target, {} ticks inside one not taken", c.execs, c.in_exec) } else { String::new() }
-            + &if c.wall_ticks > 0 {
-                format!(
-                    "; wall mode: {} ticks ({} skipped, late, with the {} records in them), {} stacks of threads on no CPU: {} from the record taken as the thread left its CPU (of {} such records), {} carried over unchanged, the rest read from user space ({} moved while read)",
-                    c.wall_ticks,
-                    c.wall_ticks_skipped,
-                    c.in_skipped_ticks,
-                    c.off_cpu,
-                    c.off_cpu_from_switch,
-                    c.switch_out_records,
-                    c.off_cpu_carried,
-                    c.off_cpu_moved
-                )
-            } else {
-                String::new()
-            }
+            line +=
+                &format!("; {:.0} % of stacks hold code freed before it was named (--sampler ptrace names it)", c.code_gone as f64 * 100.0 / c.records as f64);
+        }
+        if c.execs + c.in_exec > 0 {
+            line += &format!("; {} exec(s) of a target, {} ticks inside one not taken", c.execs, c.in_exec);
+        }
+        if c.wall_ticks > 0 {
+            line += &format!(
+                "; wall mode: {} ticks ({} skipped, late, with the {} records in them), {} stacks of threads on no CPU: {} from the record taken as the thread left its CPU (of {} such records), {} carried over unchanged, the rest read from user space ({} moved while read)",
+                c.wall_ticks,
+                c.wall_ticks_skipped,
+                c.in_skipped_ticks,
+                c.off_cpu,
+                c.off_cpu_from_switch,
+                c.switch_out_records,
+                c.off_cpu_carried,
+                c.off_cpu_moved
+            );
+        }
+        line
     }
 }
 
