@@ -135,3 +135,47 @@ fn bad_input_is_one_line_and_a_non_zero_exit() {
     assert!(left.is_empty(), "{left:?}");
     let _ = Path::new(&missing);
 }
+
+/// A FIFO is written into where it is, and a symlink keeps pointing at the
+/// file that now holds the profile. A regular file is written next to its
+/// path and renamed over it; done to any other path, that rename replaced the
+/// node itself, and `pyprof record -o /dev/null` run as root replaced the
+/// machine's /dev/null with a regular file. `record`, `top` and `report`
+/// open their output the same way (record::output::PendingOutput); a FIFO
+/// in a temporary directory stands in for a device here, so that a failure
+/// of this test breaks nothing outside it.
+#[test]
+fn a_fifo_or_a_symlink_is_written_through_not_replaced() {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let dir = temp_dir("report-through");
+    let saved = dir.join("v1.json");
+    std::fs::write(&saved, VERSION_1).unwrap();
+    let saved = saved.to_str().unwrap();
+
+    let fifo = dir.join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR).unwrap();
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(&fifo).unwrap())
+    };
+    let out = report(&[saved, "--format", "collapsed", "-o", fifo.to_str().unwrap()]);
+    // Before the join: a reader of a replaced FIFO waits for a writer forever.
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO was replaced");
+    // A report that never opened the FIFO leaves the reader waiting too: be that writer.
+    drop(std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo));
+    let got = String::from_utf8(reader.join().unwrap()).unwrap();
+    ok(&out);
+    assert_eq!(got.trim_end(), "thread MainThread (7);main (/app/app.py:5);memcpy (libc.so.6) 3", "what the FIFO's reader got");
+
+    let real = dir.join("real.txt");
+    std::fs::write(&real, "an older profile\n").unwrap();
+    let link = dir.join("link.txt");
+    std::os::unix::fs::symlink("real.txt", &link).unwrap();
+    ok(&report(&[saved, "-o", link.to_str().unwrap()]));
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the symlink was replaced");
+    assert_eq!(std::fs::read_to_string(&real).unwrap(), got, "the linked file holds the profile");
+
+    let mut left: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    left.sort();
+    assert_eq!(left, ["fifo", "link.txt", "real.txt", "v1.json"], "no temporary file left behind");
+}
