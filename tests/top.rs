@@ -377,6 +377,30 @@ fn plain_tables_over_the_kernel_sampler() {
     });
 }
 
+/// A target that execs is followed into its new program over either
+/// sampler (until this test, the kernel sampler's `top` had no finder).
+#[test]
+fn a_target_that_execs_is_followed() {
+    let _serial = heavy();
+    each(|py| {
+        for sampler in ["kernel", "ptrace"] {
+            let target = py.spawn("execs_itself.py", &["1.5"]);
+            let out_path = temp_dir("top-exec").join("p.json");
+            let pid = target.pid().to_string();
+            let out = top(&["--pid", &pid, "--sampler", sampler, "--rate", "200", "--duration", "8", "-o", out_path.to_str().unwrap()]);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{sampler}: {stderr}");
+            let p = read_profile(&out_path);
+            if sampler == "kernel" && !kernel_ran(&p.meta.sampling.method, &stderr, &py.label) {
+                continue;
+            }
+            let (before, after) = (inclusive(&p, "before_exec"), inclusive(&p, "after_exec"));
+            // 1.5 s at 200 Hz is 300 ticks after the exec.
+            assert!(before > 0 && after >= 200, "{sampler}: {before} samples before the exec, {after} after");
+        }
+    });
+}
+
 /// `top -- CMD`: sampled from its start, ended with it, its exit code passed on.
 #[test]
 fn a_launched_command_ends_top_with_its_exit_code() {

@@ -98,7 +98,7 @@ pub fn run(cfg: &TopConfig) -> anyhow::Result<i32> {
         let mut sessions = vec![first];
         let mut feed = feed::Feed::new(tx, full);
         let (stats, reason, kernel_stats) = match kernel.as_mut() {
-            Some(k) => match crate::kernel::run::run(k, &mut sessions, &sampling, &mut feed, &mut sampler::NoProgress, None) {
+            Some(k) => match crate::kernel::run::run(k, &mut sessions, &sampling, &mut feed, &mut sampler::NoProgress, discover) {
                 Ok((s, r, ks)) => (s, r, Ok(Some(ks))),
                 // Ends the view at once; reported once it is gone.
                 Err(e) => (sampler::SamplerStats::default(), sampler::StopReason::TargetExited, Err(e)),
