@@ -471,6 +471,38 @@ fn a_target_that_execs_is_followed_into_its_new_program() {
     });
 }
 
+/// A recorded process that execs a program that is not Python runs on
+/// unprofiled: the recording ends about 2 s after the exec (while the new
+/// program is given the time an interpreter takes to start), says why, and
+/// keeps what it took before. Version-independent past the exec itself
+/// (covered on all ten above): pyenv-3.12 and sid-3.15.
+#[test]
+fn a_target_that_execs_a_program_that_is_not_python_ends_the_recording() {
+    let _serial = heavy();
+    for py in interpreters().into_iter().filter(|i| ["pyenv-3.12", "sid-3.15"].contains(&i.label.as_str())) {
+        for sampler in ["kernel", "ptrace"] {
+            let out_path = temp_dir("execs-away").join("p.json");
+            let target = py.spawn("execs_itself.py", &["1", "sleep"]);
+            let started = Instant::now();
+            let out = record(&["--pid", &target.pid().to_string(), "--sampler", sampler, "-r", "200", "-d", "30", "-q", "-o", out_path.to_str().unwrap()]);
+            let took = started.elapsed();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let label = format!("[{}] {sampler}", py.label);
+            assert!(out.status.success(), "{label}: {stderr}");
+            let p = read_profile(&out_path);
+            if sampler == "kernel" && !kernel_ran(&p.meta.sampling.method, &stderr, &py.label) {
+                continue;
+            }
+            assert_eq!(p.meta.stop_reason, "target exec'd a program that is not Python", "{label}");
+            let before: u64 = p.stacks.iter().filter(|s| s.frames.iter().any(|&f| p.frames[f as usize].function == "before_exec")).map(|s| s.count).sum();
+            assert!(before > 0, "{label}: nothing kept of before the exec");
+            assert!(took < Duration::from_secs(10), "{label}: ended {took:?} after it started");
+            let exe = std::fs::read_link(format!("/proc/{}/exe", target.pid())).unwrap();
+            assert!(exe.to_string_lossy().contains("sleep"), "{label}: the target runs {exe:?}, not sleep");
+        }
+    }
+}
+
 #[test]
 fn bad_arguments_fail_fast_with_one_line() {
     let _serial = heavy();

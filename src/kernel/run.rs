@@ -538,7 +538,7 @@ pub fn run(
             }
             drop_ended(k, &mut procs, sessions, &mut stats, &mut discover, Some(thorough));
             if procs.is_empty() && !cfg.run_without_targets && !discover.as_deref().is_some_and(|d| d.waiting()) {
-                break StopReason::TargetExited;
+                break crate::sampler::without_targets(discover.as_deref());
             }
         }
         if let Some(d) = discover.as_deref_mut() {

@@ -61,6 +61,8 @@ pub struct ChildFinder {
     /// Children not attached yet.
     pending: HashMap<i32, Pending>,
     last_sweep: Option<Instant>,
+    /// A root exec'd a program that is not Python (see [`Discover::execd_away`]).
+    root_execd_away: bool,
 }
 
 impl ChildFinder {
@@ -69,7 +71,16 @@ impl ChildFinder {
     /// launcher that execs its Python program, a server re-exec'ing itself).
     pub fn new(root: i32, opts: SessionOptions, children: bool) -> ChildFinder {
         let new_pids = if children { NewPids::open() } else { None };
-        ChildFinder { children, roots: vec![root], opts, new_pids, family: HashSet::from([root]), pending: HashMap::new(), last_sweep: None }
+        ChildFinder {
+            children,
+            roots: vec![root],
+            opts,
+            new_pids,
+            family: HashSet::from([root]),
+            pending: HashMap::new(),
+            last_sweep: None,
+            root_execd_away: false,
+        }
     }
 
     fn sweep(&mut self, sessions: &mut Vec<Session>) {
@@ -116,7 +127,8 @@ impl ChildFinder {
                 sessions.push(s);
             }
             Err(e) if e.is_process_gone() || tries >= MAX_TRIES => {
-                self.pending.remove(&pid);
+                let given_up = self.pending.remove(&pid).is_some_and(|p| p.execd) && !e.is_process_gone();
+                self.root_execd_away |= given_up && self.roots.contains(&pid);
             }
             Err(_) => {}
         }
@@ -162,5 +174,9 @@ impl Discover for ChildFinder {
 
     fn waiting(&self) -> bool {
         self.pending.values().any(|p| p.execd)
+    }
+
+    fn execd_away(&self) -> bool {
+        self.root_execd_away
     }
 }

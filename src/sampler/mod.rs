@@ -73,6 +73,8 @@ pub enum StopReason {
     Duration,
     Interrupted,
     TargetExited,
+    /// The target exec'd a program that is not Python and runs on.
+    ExecdAway,
 }
 
 impl StopReason {
@@ -81,6 +83,7 @@ impl StopReason {
             StopReason::Duration => "duration reached",
             StopReason::Interrupted => "interrupted",
             StopReason::TargetExited => "target exited",
+            StopReason::ExecdAway => "target exec'd a program that is not Python",
         }
     }
 }
@@ -242,6 +245,17 @@ pub trait Discover {
     fn waiting(&self) -> bool {
         false
     }
+
+    /// The recorded process exec'd a program that is not Python, and was
+    /// let go while it runs on: why a recording without sessions ended.
+    fn execd_away(&self) -> bool {
+        false
+    }
+}
+
+/// Why a recording whose sessions are all gone ends.
+pub(crate) fn without_targets(discover: Option<&dyn Discover>) -> StopReason {
+    if discover.is_some_and(|d| d.execd_away()) { StopReason::ExecdAway } else { StopReason::TargetExited }
 }
 
 /// A GC share of 0 is a finding only where `<GC>` frames are added at all.
@@ -425,7 +439,7 @@ pub fn run(
         }
         timer.rest(held);
         if sessions.is_empty() && !cfg.run_without_targets && !discover.as_deref().is_some_and(|d| d.waiting()) {
-            break StopReason::TargetExited;
+            break without_targets(discover.as_deref());
         }
         if let Some(d) = discover.as_deref_mut() {
             d.ticked(1);
