@@ -128,17 +128,14 @@ fn dump_chains(py: &Interpreter, args: &[&str]) {
         for s in stacks.iter().filter(|s| s.iter().any(|f| f.1 == 0)) {
             assert!(s.last().unwrap().0.starts_with("task "), "[{}] a task stack does not end at a task: {s:?}", py.label);
         }
-        // The event loop's own frames are gone from the rewritten stacks,
-        // but for one instant: a pure-Python task's `__step` after its
-        // coroutine yielded and before the loop leaves the task (it is
-        // scheduling its next step), when no coroutine of the task is on
-        // the stack to find it by (1 dump in 150 under load).
-        let between_steps = |s: &Vec<F>| s.iter().any(|f| f.0.ends_with("__step")) && !s.iter().any(|f| f.0.starts_with("task "));
-        assert!(
-            !stacks.iter().filter(|s| !between_steps(s)).flatten().any(|f| f.0.ends_with("_run_once")),
-            "[{}] event loop frames left in\n  {listing}",
-            py.label
-        );
+        // The event loop's own frames are gone from every rewritten stack
+        // (one through a task). A stack through no task is the loop with no
+        // task running, nothing there to rewrite: a pure-Python task's
+        // `__step` after its coroutine yielded and before the loop leaves
+        // the task (1 dump in 150 under load), or `_run_once` between two
+        // iterations (seen once in a CI run).
+        let through_a_task = |s: &&Vec<F>| s.iter().any(|f| f.0.starts_with("task "));
+        assert!(!stacks.iter().filter(through_a_task).flatten().any(|f| f.0.ends_with("_run_once")), "[{}] event loop frames left in\n  {listing}", py.label);
     }
 }
 
