@@ -537,8 +537,8 @@ pub fn run(
                 last_thorough = last_alive;
             }
             drop_ended(k, &mut procs, sessions, &mut stats, &mut discover, Some(thorough));
-            if procs.is_empty() && !cfg.run_without_targets && !discover.as_deref().is_some_and(|d| d.waiting()) {
-                break crate::sampler::without_targets(discover.as_deref());
+            if let Some(reason) = procs.is_empty().then(|| crate::sampler::without_targets(cfg, discover.as_deref())).flatten() {
+                break reason;
             }
         }
         if let Some(d) = discover.as_deref_mut() {

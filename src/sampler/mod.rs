@@ -253,9 +253,17 @@ pub trait Discover {
     }
 }
 
-/// Why a recording whose sessions are all gone ends.
-pub(crate) fn without_targets(discover: Option<&dyn Discover>) -> StopReason {
-    if discover.is_some_and(|d| d.execd_away()) { StopReason::ExecdAway } else { StopReason::TargetExited }
+/// Whether, and why, a recording whose sessions are all gone ends: it goes
+/// on when asked to run without targets, or while one that exec'd is being
+/// attached anew.
+pub(crate) fn without_targets(cfg: &SamplingConfig, discover: Option<&dyn Discover>) -> Option<StopReason> {
+    if cfg.run_without_targets || discover.is_some_and(|d| d.waiting()) {
+        None
+    } else if discover.is_some_and(|d| d.execd_away()) {
+        Some(StopReason::ExecdAway)
+    } else {
+        Some(StopReason::TargetExited)
+    }
 }
 
 /// A GC share of 0 is a finding only where `<GC>` frames are added at all.
@@ -438,8 +446,8 @@ pub fn run(
             execd.into_iter().for_each(|pid| d.execd(pid));
         }
         timer.rest(held);
-        if sessions.is_empty() && !cfg.run_without_targets && !discover.as_deref().is_some_and(|d| d.waiting()) {
-            break without_targets(discover.as_deref());
+        if let Some(reason) = sessions.is_empty().then(|| without_targets(cfg, discover.as_deref())).flatten() {
+            break reason;
         }
         if let Some(d) = discover.as_deref_mut() {
             d.ticked(1);
