@@ -282,7 +282,8 @@ pub struct RecordArgs {
     /// when the kernel refuses). kernel: copied by an eBPF program at the
     /// sampling interrupt, nothing stopped (root or CAP_BPF+CAP_PERFMON;
     /// --mode wall, cpu and gil; threads on no CPU are read from user space,
-    /// proven off CPU; not with --native, --async, --subprocesses, --thread);
+    /// proven off CPU; with --async the task graph is copied too, not with
+    /// --async=all);
     /// a code object freed before it is named shows as a counted marker.
     /// ptrace: the GIL holder stopped for each read. nonblocking: as --nonblocking.
     #[arg(long, value_enum, default_value = "auto")]

@@ -304,6 +304,11 @@ impl Session {
         self.python.select(filter);
     }
 
+    /// `--async`'s mode, when on.
+    pub fn async_mode(&self) -> Option<crate::python::asyncio::AsyncMode> {
+        self.python.async_mode()
+    }
+
     /// The `<GC>` frame put on top of a collecting thread's stack, if on.
     pub fn gc_frame(&self) -> Option<&Frame> {
         self.gc_frame.as_ref()

@@ -2,6 +2,7 @@
 //! sampler where it can do what was asked and the kernel allows it, and
 //! says in one line why not when it was asked for or refused.
 
+use crate::python::asyncio::AsyncMode;
 use crate::sampler::Mode;
 
 use crate::session::{Sampling, SessionOptions};
@@ -26,12 +27,12 @@ pub struct Wanted {
     pub mode: Mode,
     pub rate_hz: f64,
     pub native: Option<crate::native::NativeOptions>,
-    pub asyncio: bool,
+    pub asyncio: Option<AsyncMode>,
 }
 
 impl Wanted {
     pub fn of(mode: Mode, rate_hz: f64, attach: &SessionOptions) -> Wanted {
-        Wanted { mode, rate_hz, native: attach.native.clone(), asyncio: attach.asyncio.is_some() }
+        Wanted { mode, rate_hz, native: attach.native.clone(), asyncio: attach.asyncio }
     }
 }
 
@@ -50,7 +51,9 @@ fn unsupported(w: &Wanted) -> Option<&'static str> {
         Mode::Wall => {}
         Mode::Exception => return Some("--mode exception is not supported by it"),
     }
-    [(w.asyncio, "--async is not supported by it")].into_iter().find_map(|(on, why)| on.then_some(why))
+    // Every pending task at every tick would be a copy of the whole graph
+    // at each interrupt; the running task's chain is what it copies.
+    (w.asyncio == Some(AsyncMode::All)).then_some("--async=all is not supported by it (--async is)")
 }
 
 /// The kernel sampler, loaded and attached, or None (ptrace then); with
@@ -65,7 +68,10 @@ pub fn choose(choice: SamplerChoice, w: &Wanted) -> (Option<KernelSampler>, Opti
             if let Some(why) = unsupported(w) {
                 return (None, if choice == SamplerChoice::Kernel { note(why) } else { None });
             }
-            match KernelSampler::open(w.rate_hz, w.native.clone(), w.mode == Mode::Wall && w.native.is_none()) {
+            // Wall mode's records at switch-outs carry no task graph: with
+            // --async, a thread off CPU is read from user space instead.
+            let switch_records = w.mode == Mode::Wall && w.native.is_none() && w.asyncio.is_none();
+            match KernelSampler::open(w.rate_hz, w.native.clone(), switch_records, w.asyncio.is_some()) {
                 Ok(k) => (Some(k), None),
                 Err(r) => (None, note(&r.why)),
             }
@@ -91,7 +97,7 @@ mod tests {
     use super::*;
 
     fn wanted(mode: Mode, rate_hz: f64) -> Wanted {
-        Wanted { mode, rate_hz, native: None, asyncio: false }
+        Wanted { mode, rate_hz, native: None, asyncio: None }
     }
 
     /// What auto passes over for ptrace, before the kernel is asked: the
@@ -102,7 +108,8 @@ mod tests {
         assert_eq!(unsupported(&wanted(Mode::Cpu, 100_000.0)), None);
         assert!(unsupported(&wanted(Mode::Cpu, 1_000_000.0)).is_some_and(|w| w.contains("100 kHz")));
         assert!(unsupported(&wanted(Mode::Exception, 100.0)).is_some());
-        let w = Wanted { asyncio: true, ..wanted(Mode::Cpu, 100.0) };
+        assert_eq!(unsupported(&Wanted { asyncio: Some(AsyncMode::Running), ..wanted(Mode::Wall, 100.0) }), None);
+        let w = Wanted { asyncio: Some(AsyncMode::All), ..wanted(Mode::Cpu, 100.0) };
         assert!(unsupported(&w).is_some(), "{w:?}");
         // Asked for by name, refused with why; under auto, silently ptrace.
         assert!(choose(SamplerChoice::Kernel, &w).1.is_some_and(|n| n.contains("not supported")));

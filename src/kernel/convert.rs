@@ -10,14 +10,16 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::offsets::Offsets;
 use crate::process::memory::{RemoteMemory, VmReader, check_pointer, field_u64};
+use crate::python::asyncio::{Readers, TaskGraph, ThreadView};
 use crate::python::code::{CodeCache, CodeInfo, Generations, Sources};
 use crate::python::frames::{FrameWalker, WalkContext};
 use crate::python::interpreter::Interpreter;
-use crate::stack::Frame;
+use crate::stack::{Frame, ThreadStack};
 
 use super::captured::Captured;
 use super::ident::{IDENT_NONE, IdentRule};
 use super::record::{FLAG_WORD_FAULT, Header, IDENT_BYTES, MAX_FRAME_BYTES, MAX_FRAMES, NO_CFRAME, NO_FIELD, RECORD_DATA, TargetConfig};
+use super::tasks::blocks::Blocks;
 
 /// The frame that ends a stack deeper than the capture's bound.
 pub const TRUNCATED: &str = "[truncated]";
@@ -113,6 +115,12 @@ impl Converter {
         }
     }
 
+    /// Keep each walked frame's address (`--async` finds a task's
+    /// coroutine on the stack by it).
+    pub fn keep_addresses(&mut self) {
+        self.walker.keep_addresses();
+    }
+
     /// The interpreter whose GIL and code counter the capture reads.
     pub fn main_interp(&self) -> u64 {
         self.interp
@@ -141,32 +149,76 @@ impl Converter {
                 continue;
             }
             last = code;
-            if self.codes.vouch(code, captured) {
-                start_named |= i == 0;
-                continue;
-            }
-            let rule = self.ident;
-            let still = || rule.read(live, code).is_ok_and(|w| w == captured) && alive(live, code);
-            let kept = still() && self.codes.adopt(live, &self.offsets, code, self.interp, captured, still).unwrap_or(false);
+            let kept = self.settle(live, code, captured, i > 0 && start_named);
             start_named |= i == 0 && kept;
-            // Gone: another code object took the address; or, below a start
-            // that named its own, anything at all: a caller is built before
-            // the frame above it is linked and held its code object at the
-            // interrupt, so that object was freed since (module_bodies.py:
-            // 18-80 samples of 3,000 were dropped as torn on 3.12-3.15).
-            // At a start that named none, anything else was no code object
-            // when read either (a torn frame points at anything): the walk
-            // fails there, as any sampler's does, and never reads what may
-            // have been made there since.
-            if !kept {
-                if (i > 0 && start_named) || self.codes.is_code(live, &self.offsets, code) {
-                    self.codes.stand_in(code, self.gone.clone());
-                    self.stood_in = true;
-                } else {
-                    self.codes.refuse(code);
-                }
+        }
+    }
+
+    /// Make the code cache serve the code object at `code` whose ident the
+    /// capture read as `captured`, or a stand-in where it is gone; true when
+    /// the object is the one captured. Gone: another code object took the
+    /// address; or, with `held` (a caller below a start that named its own:
+    /// a caller is built before the frame above it is linked and held its
+    /// code object at the interrupt, so that object was freed since;
+    /// module_bodies.py: 18-80 samples of 3,000 were dropped as torn on
+    /// 3.12-3.15), anything at all. Otherwise, where no code object is, the
+    /// walk fails there, as any sampler's does (a torn frame points at
+    /// anything), and never reads what may have been made there since.
+    fn settle(&mut self, live: &VmReader, code: u64, captured: u64, held: bool) -> bool {
+        if self.codes.vouch(code, captured) {
+            return true;
+        }
+        let rule = self.ident;
+        let still = || rule.read(live, code).is_ok_and(|w| w == captured) && alive(live, code);
+        let kept = still() && self.codes.adopt(live, &self.offsets, code, self.interp, captured, still).unwrap_or(false);
+        if !kept {
+            if held || self.codes.is_code(live, &self.offsets, code) {
+                self.codes.stand_in(code, self.gone.clone());
+                self.stood_in = true;
+            } else {
+                self.codes.refuse(code);
             }
         }
+        kept
+    }
+
+    /// `--async`: rewrite `out`, the last record's stack (thread state
+    /// `tstate`), as the await chain of the task it runs, read from
+    /// `blocks`, the record's copy of its task graph. The copied frames'
+    /// code objects are named by the idents copied with them, as the
+    /// stack's are; a type, and asyncio's registries, are read live
+    /// (`python::asyncio::Readers::types`).
+    pub fn rewrite_tasks(&mut self, graph: &mut TaskGraph, blocks: &Blocks, live: &VmReader, tstate: u64, out: &mut Vec<Frame>) {
+        for code in blocks.codes() {
+            if self.codes.in_image(code) {
+                continue;
+            }
+            match self.ident.read(blocks, code) {
+                // A suspended frame holds its code object as a caller does.
+                Ok(captured) => {
+                    self.settle(live, code, captured, true);
+                }
+                Err(_) => self.codes.refuse(code),
+            }
+        }
+        let addrs = std::mem::take(&mut self.walker.addresses);
+        let code = Sources { held: live, fresh: live, gens_at: 1 };
+        let gens = Generations { interp: self.interp, ..Generations::default() };
+        let ctx = WalkContext { mem: blocks, code: &code, offsets: &self.offsets, gens, hooked: false };
+        let view = ThreadView { tstate, interp: self.interp, frames: &addrs };
+        let mut thread = ThreadStack { frames: std::mem::take(out), ..ThreadStack::default() };
+        let mut idle = Vec::new();
+        self.codes.settled_only(true);
+        let mut rd = Readers { mem: blocks, types: live, offsets: &self.offsets, walker: &mut self.walker, codes: &mut self.codes, ctx: &ctx };
+        graph.apply(&mut rd, std::slice::from_ref(&view), std::slice::from_mut(&mut thread), &mut idle);
+        self.codes.settled_only(false);
+        *out = thread.frames;
+        self.walker.addresses = addrs;
+    }
+
+    /// Bytes of a frame the walk reads, as this target's capture copies them.
+    pub fn frame_size(&self) -> u64 {
+        self.offsets.frame.size
     }
 
     /// The eval-loop groups of the last record's stack (for `--native`).

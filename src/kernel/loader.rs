@@ -12,6 +12,7 @@ use aya::programs::{PerfEvent, RawTracePoint};
 use aya::{Ebpf, EbpfLoader};
 
 use super::record::{Left, Settings, TargetConfig, ThreadEntry};
+use super::tasks::plan::{Plan, PlanKey, TasksTarget};
 
 /// The program, built by scripts/build-bpf.sh from bpf/capture.bpf.c.
 static OBJECT: &[u8] = aya::include_bytes_aligned!("bpf/capture.bpf.o");
@@ -30,7 +31,7 @@ fn refused(what: &str, e: impl std::fmt::Display) -> Refused {
     let hint = if lower.contains("permission") || lower.contains("not permitted") || lower.contains("eperm") {
         " (needs root, or CAP_BPF and CAP_PERFMON)"
     } else if lower.contains("not implemented") || lower.contains("invalid argument") {
-        " (needs Linux 5.8 or later with BPF enabled)"
+        " (needs Linux 5.15 or later with BPF and its BTF)"
     } else {
         ""
     };
@@ -52,6 +53,9 @@ pub struct KernelSampler {
     ring: RingBuf<MapData>,
     /// `--native`: host tid → the user registers it last left its CPU with.
     left: HashMap<MapData, u32, Left>,
+    /// `--async`: per target, where its tasks are and how to copy them.
+    tasks_targets: HashMap<MapData, u32, TasksTarget>,
+    plans: HashMap<MapData, PlanKey, Plan>,
     /// One perf event per online CPU: (cpu, its link).
     links: Vec<(u32, PerfEventLinkId)>,
     rate_hz: f64,
@@ -59,6 +63,8 @@ pub struct KernelSampler {
     native: Option<crate::native::NativeOptions>,
     /// `--mode wall`: the switch program takes a record as a thread leaves its CPU.
     switch_records: bool,
+    /// `--async`: the program copies each record's task graph too.
+    tasks: bool,
     /// Keeps `kernel.bpf_stats_enabled` on while we run (None: refused).
     _stats: Option<OwnedFd>,
 }
@@ -66,8 +72,12 @@ pub struct KernelSampler {
 /// The ring's size under `--native` (a power of two): 64 MiB.
 const NATIVE_RING_BYTES: u32 = 64 << 20;
 
-fn program(native: &Option<crate::native::NativeOptions>) -> &'static str {
-    if native.is_some() { "capture_native" } else { "capture" }
+fn program(native: &Option<crate::native::NativeOptions>, tasks: bool) -> &'static str {
+    match (native.is_some(), tasks) {
+        (true, _) => "capture_native",
+        (false, true) => "capture_tasks",
+        (false, false) => "capture",
+    }
 }
 
 fn period_ns(rate_hz: f64) -> u64 {
@@ -118,8 +128,9 @@ impl KernelSampler {
     /// refusal (no rights, no BPF, an old kernel, a verifier that
     /// disagrees) is a [`Refused`], never a panic. With `switch_records`
     /// (`--mode wall` without `--native`), a thread's record is also taken
-    /// as it leaves its CPU (`off_cpu::Switched`).
-    pub fn open(rate_hz: f64, native: Option<crate::native::NativeOptions>, switch_records: bool) -> Result<KernelSampler, Refused> {
+    /// as it leaves its CPU (`off_cpu::Switched`). With `tasks` (`--async`;
+    /// not with `--native`), each record carries the thread's task graph.
+    pub fn open(rate_hz: f64, native: Option<crate::native::NativeOptions>, switch_records: bool, tasks: bool) -> Result<KernelSampler, Refused> {
         if !(rate_hz.is_finite() && rate_hz > 0.0) {
             return Err(Refused { why: format!("rate {rate_hz} Hz") });
         }
@@ -135,13 +146,22 @@ impl KernelSampler {
             // Unused: no need for its 65,536 preallocated entries.
             loader.set_max_entries("LEFT", 64);
         }
+        if tasks && native.is_none() {
+            let cpus = aya::util::nr_cpus().map_err(|(what, e)| refused(what, e))?;
+            loader.set_max_entries("TASKS_SCRATCH", cpus as u32);
+        } else {
+            loader.set_max_entries("PLANS", 1).set_max_entries("TASKS_CFG", 1);
+        }
         let mut bpf = loader.load(OBJECT).map_err(|e| refused("loading the BPF program", e))?;
+        let tasks = tasks && native.is_none();
         let prog: &mut PerfEvent = bpf
-            .program_mut(program(&native))
+            .program_mut(program(&native, tasks))
             .ok_or_else(|| Refused { why: "BPF object has no capture program".into() })?
             .try_into()
             .map_err(|e| refused("BPF program type", e))?;
-        prog.load().map_err(|e| refused("the kernel refused the BPF program", e))?;
+        let why =
+            if tasks { "the kernel refused the BPF program that copies task graphs (--async needs Linux 5.17+)" } else { "the kernel refused the BPF program" };
+        prog.load().map_err(|e| refused(why, e))?;
         let cpus = aya::util::online_cpus().map_err(|(what, e)| refused(what, e))?;
         let mut links = Vec::new();
         for cpu in cpus {
@@ -158,7 +178,25 @@ impl KernelSampler {
         let ring = RingBuf::try_from(take(&mut bpf, "RECORDS")?).map_err(|e| refused("RECORDS", e))?;
         let left = HashMap::try_from(take(&mut bpf, "LEFT")?).map_err(|e| refused("LEFT", e))?;
         let settings = Array::try_from(take(&mut bpf, "SETTINGS")?).map_err(|e| refused("SETTINGS", e))?;
-        let mut k = KernelSampler { bpf, targets, threads, settings, counts, ring, left, links, rate_hz, native, switch_records, _stats: stats };
+        let tasks_targets = HashMap::try_from(take(&mut bpf, "TASKS_CFG")?).map_err(|e| refused("TASKS_CFG", e))?;
+        let plans = HashMap::try_from(take(&mut bpf, "PLANS")?).map_err(|e| refused("PLANS", e))?;
+        let mut k = KernelSampler {
+            bpf,
+            targets,
+            threads,
+            settings,
+            counts,
+            ring,
+            left,
+            tasks_targets,
+            plans,
+            links,
+            rate_hz,
+            native,
+            switch_records,
+            tasks,
+            _stats: stats,
+        };
         k.write_settings().map_err(|e| refused("SETTINGS", e))?;
         Ok(k)
     }
@@ -173,6 +211,29 @@ impl KernelSampler {
     /// Whether a record is taken as each target thread leaves its CPU.
     pub fn switch_records(&self) -> bool {
         self.switch_records
+    }
+
+    /// Whether each record carries its thread's task graph (`--async`).
+    pub fn tasks(&self) -> bool {
+        self.tasks
+    }
+
+    /// `--async`: where target `pid`'s tasks are, and the fixed plans.
+    pub fn set_tasks_target(&mut self, pid: u32, cfg: TasksTarget) -> crate::error::Result<()> {
+        self.tasks_targets.insert(pid, cfg, 0).map_err(|e| map_error("TASKS_CFG", e))
+    }
+
+    /// `--async`: how objects of type `ty` in target `pid` are copied.
+    pub fn set_plan(&mut self, pid: u32, ty: u64, plan: Plan) -> crate::error::Result<()> {
+        self.plans.insert(PlanKey { tgid: pid, pad: 0, ty }, plan, 0).map_err(|e| map_error("PLANS", e))
+    }
+
+    /// `--async`: target `pid` and its types' plans out of the maps.
+    pub fn remove_tasks(&mut self, pid: u32, types: impl Iterator<Item = u64>) {
+        let _ = self.tasks_targets.remove(&pid);
+        for ty in types {
+            let _ = self.plans.remove(&PlanKey { tgid: pid, pad: 0, ty });
+        }
     }
 
     /// `--native`'s options, when the program copies native stacks.
@@ -192,7 +253,7 @@ impl KernelSampler {
         }
         let prog: &mut PerfEvent = self
             .bpf
-            .program_mut(program(&self.native))
+            .program_mut(program(&self.native, self.tasks))
             .ok_or_else(|| Refused { why: "BPF object has no capture program".into() })?
             .try_into()
             .map_err(|e| refused("BPF program type", e))?;
@@ -252,7 +313,7 @@ impl KernelSampler {
         // program's, `--native`'s switch_out (at each context switch) too,
         // since all of it is the sampler's cost. Before, the first loaded
         // program found gave both, under `--native` either of the two.
-        if let Some(info) = self.bpf.program(program(&self.native)).and_then(|p| p.info().ok()) {
+        if let Some(info) = self.bpf.program(program(&self.native, self.tasks)).and_then(|p| p.info().ok()) {
             c.runs = info.run_count();
         }
         c.run_time = self.bpf.programs().filter_map(|(_, p)| p.info().ok()).map(|i| i.run_time()).sum();

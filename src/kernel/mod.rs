@@ -5,11 +5,12 @@
 //! raw frames; user space walks the copy with the same walker and rules as
 //! every other sampler (`convert`).
 //!
-//! Needs Linux 5.8+ (BPF ring buffer; bounded loops 5.3) and root, or
-//! CAP_BPF + CAP_PERFMON. No BTF, except for `--native` (Linux 5.15+ and
-//! the kernel's BTF: `bpf_task_pt_regs` of the task from
-//! `bpf_get_current_task_btf` gives the user registers of a thread caught
-//! in the kernel, or leaving its CPU); refused, `auto` takes ptrace.
+//! Needs Linux 5.15+ with the kernel's BTF (`bpf_task_pt_regs` of the task
+//! from `bpf_get_current_task_btf`: the registers a thread entered the
+//! kernel with, which tell a tick inside execve, and `--native`'s user
+//! registers of a thread caught in the kernel or leaving its CPU), 5.17+
+//! for `--async` (`bpf_loop`: `tasks`), and root, or CAP_BPF +
+//! CAP_PERFMON; refused, `auto` takes ptrace.
 //! Thread ids are the host's (`bpf_get_current_pid_tgid`); a pyprof in a
 //! PID namespace would need `bpf_get_ns_current_pid_tgid` (not done).
 
@@ -23,5 +24,6 @@ pub mod off_cpu;
 pub mod record;
 pub mod run;
 pub mod target;
+pub mod tasks;
 
 pub use loader::{KernelSampler, Refused};

@@ -131,7 +131,7 @@ impl Proc {
     /// Register session `si`'s process with the program.
     fn new(k: &mut KernelSampler, s: &Session, si: usize) -> Result<Proc, Error> {
         let a = s.attached();
-        let target = KernelTarget::new(k, a)?;
+        let target = KernelTarget::new(k, a, s.async_mode())?;
         let mut gil = Vec::new();
         crate::python::gil::gil_words(&a.interp.offsets, a.interp.runtime, &[target.converter.main_interp()], &mut gil);
         let locked_shift = gil.first().map_or(0, |g| 8 * (g.locked - g.locked_word()) as u32);
@@ -169,8 +169,12 @@ fn selects(filter: &ThreadFilter, target: &KernelTarget, names: &mut HashMap<u32
 }
 
 impl Proc {
-    /// Out of the program's maps; what its native merges counted, into `stats`.
+    /// Out of the program's maps; what its native merges and task graphs
+    /// counted, into `stats`.
     fn end(&mut self, k: &mut KernelSampler, stats: &mut SamplerStats) {
+        if let Some(t) = self.target.tasks.as_mut() {
+            stats.counts += t.take_counts();
+        }
         self.target.forget(k);
         if let Some(n) = self.target.native.as_mut() {
             stats.counts += n.take_counts();
@@ -473,6 +477,11 @@ pub fn run(
             if let Some(n) = p.target.native.as_mut().filter(|_| !is_torn) {
                 n.merge(&h, rec, !h.cut(), &a.mem, &mut frames, p.target.converter.groups());
             }
+            // A torn stack has no task; one caught mid-push is its caller's,
+            // whose task is the one the record's graph shows.
+            if let Some(t) = p.target.tasks.as_mut().filter(|_| !is_torn) {
+                t.rewrite(a, &mut p.target.converter, &h, rec, &mut frames);
+            }
             // As the ptrace sampler: the holder's flag, read at the instant,
             // and `<GC>` on top.
             // Never on a torn one, as the ptrace sampler's.
@@ -507,6 +516,9 @@ pub fn run(
         }
         note_execs(&mut execs, sessions, &mut ks);
         for p in procs.values_mut() {
+            if p.target.tasks.is_some() {
+                stats.counts += p.target.sync_tasks(k, sessions[p.session].attached(), &mut ks.counts);
+            }
             if p.target.due() {
                 // A list read while the target changes it may fail: the next one will do.
                 let _ = p.target.refresh(k, sessions[p.session].attached());
@@ -641,6 +653,9 @@ impl KernelStats {
         }
         if c.execs + c.in_exec > 0 {
             line += &format!("; {} exec(s) of a target, {} ticks inside one not taken", c.execs, c.in_exec);
+        }
+        if c.task_graphs > 0 {
+            line += &format!("; --async: {} task graphs copied at the interrupt, {} of them cut short", c.task_graphs, c.task_graphs_cut);
         }
         if c.wall_ticks > 0 {
             line += &format!(

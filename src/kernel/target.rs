@@ -14,6 +14,7 @@ use crate::python::threads::{ThreadList, ThreadState, find_pthread_tid_offset};
 use super::convert::{Converter, target_config};
 use super::loader::KernelSampler;
 use super::native::KernelNative;
+use super::tasks::KernelTasks;
 
 /// The thread list is read again at least this often (threads that ended
 /// leave the map), and at most this often when records name unknown tids.
@@ -25,6 +26,8 @@ pub struct KernelTarget {
     pub converter: Converter,
     /// `--native`: unwinds and merges each record's stack copy.
     pub native: Option<KernelNative>,
+    /// `--async`: reads each record's copy of its task graph.
+    pub tasks: Option<KernelTasks>,
     /// tid → thread state, as last put in the map.
     tids: HashMap<u32, u64>,
     /// tid → (interpreter, `threading` ident), for [`Self::python_name`].
@@ -57,7 +60,7 @@ impl<'a> PythonNames<'a> {
 impl KernelTarget {
     /// Register `a` with the program. Errors when its frames need more
     /// bytes than the program copies (no such build is known).
-    pub fn new(k: &mut KernelSampler, a: &Attached) -> Result<KernelTarget> {
+    pub fn new(k: &mut KernelSampler, a: &Attached, tasks: Option<crate::python::asyncio::AsyncMode>) -> Result<KernelTarget> {
         let o = &a.interp.offsets;
         // The first interpreter of the list: the main one unless the program made
         // subinterpreters, whose GIL (3.12+) the capture does not read.
@@ -65,10 +68,16 @@ impl KernelTarget {
         let cfg = target_config(&a.interp, main)
             .ok_or_else(|| Error::Corrupt(format!("CPython {}'s frames are larger than the kernel sampler copies", o.version)))?;
         k.set_target(a.target.pid as u32, cfg)?;
+        let mut converter = Converter::new(&a.interp, main);
+        let tasks = tasks.filter(|_| k.tasks()).map(KernelTasks::new);
+        if tasks.is_some() {
+            converter.keep_addresses();
+        }
         let mut t = KernelTarget {
             pid: a.target.pid,
-            converter: Converter::new(&a.interp, main),
+            converter,
             native: k.native().map(|o| KernelNative::new(a, o)),
+            tasks,
             tids: HashMap::new(),
             idents: HashMap::new(),
             py_names: NameCache::default(),
@@ -90,6 +99,17 @@ impl KernelTarget {
             k.forget_left(tid);
         }
         Ok(t)
+    }
+
+    /// `--async`: hand the program what it lacks of this target's task
+    /// graphs (`KernelTasks::sync`); what the graphs' reads counted.
+    pub fn sync_tasks(&mut self, k: &mut KernelSampler, a: &Attached, made: &mut crate::profile::model::KernelSampling) -> crate::counts::Counters {
+        let Some(t) = self.tasks.as_mut() else { return Default::default() };
+        t.sync(k, a, &self.converter, self.tids.values().copied());
+        let (copies, cut) = t.take_copies();
+        made.task_graphs += copies;
+        made.task_graphs_cut += cut;
+        t.take_counts()
     }
 
     /// The host tids of the threads in the map.
@@ -163,6 +183,9 @@ impl KernelTarget {
     /// Take the target and its threads out of the program's maps.
     pub fn forget(&mut self, k: &mut KernelSampler) {
         k.remove_target(self.pid as u32);
+        if let Some(t) = self.tasks.as_mut() {
+            t.forget(k, self.pid as u32);
+        }
         for tid in self.tids.keys() {
             k.remove_thread(*tid);
         }

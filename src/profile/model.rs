@@ -219,6 +219,13 @@ pub struct KernelSampling {
     /// image's addresses mean nothing once the new one is in).
     #[serde(default)]
     pub in_exec: u64,
+    /// `--async`: records that carried a copy of their thread's task graph
+    /// (`kernel::tasks`), and of those the copies that ran out of room or
+    /// of objects (a link past the end reads as `[task chain cut]`).
+    #[serde(default)]
+    pub task_graphs: u64,
+    #[serde(default)]
+    pub task_graphs_cut: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

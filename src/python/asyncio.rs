@@ -39,6 +39,8 @@ use crate::stack::{Frame, FrameKind, ThreadStack};
 
 /// Tasks followed up one awaiter chain, and coroutines down one task.
 pub const MAX_CHAIN: usize = 64;
+/// Tasks whose graphs [`TaskGraph::survey`] reads.
+pub const SURVEYED: usize = 256;
 /// Tasks sampled per snapshot with [`AsyncMode::All`].
 pub const MAX_TASKS: usize = 10_000;
 /// Awaiter links followed in one snapshot, all chains together: a graph of
@@ -68,7 +70,7 @@ pub enum AsyncMode {
 
 /// What an object is, for the graph: by its type's name, once per type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub enum Kind {
     Task,
     Future,
     /// asyncio's pure-Python classes, where the program runs without the
@@ -85,6 +87,8 @@ enum Kind {
     /// A plain function (gather's `_done_callback`, a closure over its future).
     Function,
     Str,
+    /// A task's name before it is asked for (3.12+: the N of "Task-N").
+    Int,
     WeakSet,
     Set,
     Weakref,
@@ -105,6 +109,7 @@ fn classify(type_name: &str) -> Kind {
         "method" => Kind::Method,
         "function" => Kind::Function,
         "str" => Kind::Str,
+        "int" => Kind::Int,
         "WeakSet" => Kind::WeakSet,
         "set" => Kind::Set,
         "weakref" | "weakref.ReferenceType" | "KeyedRef" => Kind::Weakref,
@@ -131,6 +136,10 @@ pub struct ThreadView<'a> {
 /// The readers a pass borrows from the snapshot.
 pub struct Readers<'a, 'b> {
     pub mem: &'a dyn RemoteMemory,
+    /// Type objects and their names, and asyncio's registries in its
+    /// modules: `mem` itself, or the live process where `mem` is a copy of
+    /// the graph's own objects (the kernel sampler's).
+    pub types: &'a dyn RemoteMemory,
     pub offsets: &'a Offsets,
     pub walker: &'b mut FrameWalker,
     pub codes: &'b mut CodeCache,
@@ -157,6 +166,11 @@ pub struct TaskGraph {
     seen: HashSet<u64>,
     /// A pure-Python task was seen: the program runs without `_asyncio`.
     pure: bool,
+    /// Over the kernel sampler's copy of the graph: C tasks only, and the
+    /// attributes asked of instances noted (see [`TaskGraph::take_wanted`]).
+    copied: bool,
+    /// (type, attribute) asked of instances since the last take.
+    wanted: Vec<(u64, &'static str)>,
 }
 
 impl TaskGraph {
@@ -170,7 +184,79 @@ impl TaskGraph {
             counts: Counters::default(),
             seen: HashSet::new(),
             pure: false,
+            copied: false,
+            wanted: Vec::new(),
         }
+    }
+
+    /// A graph read from the kernel sampler's copy of it: a thread state
+    /// that names no running task runs none (pure-Python tasks, which only
+    /// the registry names, are not copied), and the attributes the graph
+    /// asks of instances are noted, for the copy to hold them next time.
+    pub fn for_copies(mode: AsyncMode) -> TaskGraph {
+        TaskGraph { copied: true, ..TaskGraph::new(mode) }
+    }
+
+    /// The offsets in use, once found.
+    pub fn offsets(&self) -> Option<&AsyncioOffsets> {
+        self.offsets.as_ref()
+    }
+
+    /// Every type classified so far, and what it is.
+    pub fn kinds(&self) -> impl Iterator<Item = (u64, Kind)> + '_ {
+        self.kinds.iter().map(|(&t, &k)| (t, k))
+    }
+
+    /// The (type, attribute) pairs asked of instances since the last call.
+    pub fn take_wanted(&mut self) -> Vec<(u64, &'static str)> {
+        std::mem::take(&mut self.wanted)
+    }
+
+    /// Classify the types of every pending task's graph (at most
+    /// [`SURVEYED`] tasks), reading `mem` while the program runs: for a
+    /// reader of copies, which learns a type only when it meets one
+    /// (`kernel::tasks`). Nothing is rewritten; what is read is not a
+    /// sample, and a torn read at worst classifies a type more.
+    pub fn survey(&mut self, mem: &dyn RemoteMemory, offsets: &Offsets, interp: u64, tstates: &[u64]) {
+        let Some(ao) = self.offsets.take() else { return };
+        let views: Vec<ThreadView> = tstates.iter().map(|&tstate| ThreadView { tstate, interp, frames: &[] }).collect();
+        let mut pass = Pass::new(self, &ao, mem, mem, offsets);
+        let mut tasks = pass.all_tasks(mem, &views).unwrap_or_default();
+        if let Ok(running) = pass.current_tasks(interp) {
+            tasks.extend(running);
+        }
+        for &ts in tstates {
+            if let Some(off) = ao.thread_running_task {
+                tasks.extend(mem.read_u64(ts + off).ok().filter(|&t| t != 0));
+            }
+        }
+        for task in tasks.into_iter().take(SURVEYED) {
+            if !pass.is_task(mem, task).unwrap_or(false) {
+                continue;
+            }
+            let _ = pass.task_name(mem, task);
+            if let Ok(mut coro) = pass.field(mem, task, Field::Coro) {
+                for _ in 0..MAX_CHAIN {
+                    let Ok(Some(frame)) = pass.coroutine_frame(mem, coro, true) else { break };
+                    match pass.awaited(mem, frame) {
+                        Ok(Some(next)) => coro = next,
+                        _ => break,
+                    }
+                }
+            }
+            let _ = pass.awaiter(mem, task, 0);
+        }
+        self.offsets = Some(ao);
+    }
+
+    /// `asyncio.tasks._current_tasks` of interpreter `interp`, read live
+    /// through `mem` (None: not imported yet).
+    pub fn current_tasks_dict(&mut self, mem: &dyn RemoteMemory, offsets: &Offsets, interp: u64) -> Result<Option<u64>> {
+        let Some(ao) = self.offsets.take() else { return Ok(None) };
+        let mut pass = Pass::new(self, &ao, mem, mem, offsets);
+        let found = pass.registry(interp, "_current_tasks");
+        self.offsets = Some(ao);
+        found
     }
 
     /// Whether the asyncio layout should be looked for now: not known yet,
@@ -198,7 +284,7 @@ impl TaskGraph {
     /// (with [`AsyncMode::All`]) put a stack in `idle` for every other pending task.
     pub fn apply(&mut self, rd: &mut Readers, views: &[ThreadView], threads: &mut [ThreadStack], idle: &mut Vec<ThreadStack>) {
         let Some(ao) = self.offsets.take() else { return };
-        let mut pass = Pass { g: self, ao: &ao, objects: ObjectReader::new(rd.mem, rd.offsets), steps: 0, links: HashMap::new() };
+        let mut pass = Pass::new(self, &ao, rd.mem, rd.types, rd.offsets);
         let running = pass.rewrite_threads(rd, views, threads);
         if pass.g.mode == AsyncMode::All {
             if let Err(_e) = pass.idle_tasks(rd, views, &running, idle) {
@@ -213,13 +299,19 @@ struct Pass<'g, 'a> {
     g: &'g mut TaskGraph,
     ao: &'g AsyncioOffsets,
     objects: Option<ObjectReader<'a>>,
+    /// The process itself (types and registries), when `objects` reads a copy.
+    live: Option<ObjectReader<'a>>,
     /// Awaiter links followed so far (see [`MAX_STEPS`]).
     steps: usize,
     /// [`Pass::link`]s of this snapshot.
     links: HashMap<u64, (std::rc::Rc<[Frame]>, Option<u64>)>,
 }
 
-impl Pass<'_, '_> {
+impl<'g, 'a> Pass<'g, 'a> {
+    fn new(g: &'g mut TaskGraph, ao: &'g AsyncioOffsets, mem: &'a dyn RemoteMemory, types: &'a dyn RemoteMemory, o: &'a Offsets) -> Pass<'g, 'a> {
+        Pass { g, ao, objects: ObjectReader::with_types(mem, types, o), live: ObjectReader::new(types, o), steps: 0, links: HashMap::new() }
+    }
+
     fn kind(&mut self, mem: &dyn RemoteMemory, obj: u64) -> Result<Kind> {
         check_pointer(obj, "object")?;
         let objects = self.objects.as_mut().ok_or_else(|| Error::Corrupt("no object offsets for this version".into()))?;
@@ -227,7 +319,7 @@ impl Pass<'_, '_> {
         if let Some(&k) = self.g.kinds.get(&ty) {
             return Ok(k);
         }
-        let mut k = classify(&objects.type_name(obj)?);
+        let mut k = classify(&objects.name_of_type(ty)?);
         // gather's future subclasses the C Future when there is one; a
         // program without the accelerator has pure-Python futures only.
         if k == Kind::Future && self.g.pure {
@@ -272,6 +364,9 @@ impl Pass<'_, '_> {
             Some(off) => mem.read_u64(view.tstate + off)?,
             None => 0,
         };
+        if from_thread == 0 && self.g.copied && self.ao.thread_running_task.is_some() {
+            return Ok(None);
+        }
         // 3.14+ keep a C task in the thread state; older versions, and
         // pure-Python tasks on any, in asyncio.tasks._current_tasks.
         if from_thread == 0 && current.is_none() {
@@ -308,7 +403,7 @@ impl Pass<'_, '_> {
         if name != "_current_tasks" && !self.g.registries.contains_key(&(interp, "_current_tasks")) {
             self.registry(interp, "_current_tasks")?;
         }
-        let objects = self.objects.as_mut().ok_or_else(|| Error::Corrupt("no object offsets for this version".into()))?;
+        let objects = self.live.as_mut().ok_or_else(|| Error::Corrupt("no object offsets for this version".into()))?;
         let found = objects.module_attr(interp, "asyncio.tasks", name)?;
         // Missing while the module itself is not imported yet: looked up
         // again next time. Missing from a loaded module (another version's
@@ -581,6 +676,14 @@ impl Pass<'_, '_> {
                     return Ok(Some(t));
                 }
                 // TaskGroup._on_task_done: the group's task awaits its children.
+                if self.g.copied {
+                    let ob_type = self.objects.as_ref().map_or(8, |o| o.object_offsets().ob_type);
+                    if let Ok(ty) = mem.read_u64(this + ob_type) {
+                        if !self.g.wanted.contains(&(ty, "_parent_task")) && self.g.wanted.len() < 64 {
+                            self.g.wanted.push((ty, "_parent_task"));
+                        }
+                    }
+                }
                 let parent = match self.objects.as_mut() {
                     Some(o) => o.instance_attr(this, "_parent_task")?,
                     None => None,

@@ -176,6 +176,8 @@ pub struct CodeCache {
     image: Vec<(u64, u64)>,
     /// Whether a `co_version` counter (`Generations::created`) has been checked.
     counter: Counter,
+    /// Serve only entries settled in this snapshot (see [`Self::settled_only`]).
+    settled_only: bool,
     /// Hits, misses and reads, until handed over.
     pub counts: Counters,
 }
@@ -217,6 +219,13 @@ impl CodeCache {
     /// string there (3.11's `_Py_ID`s: `<module>`, `<lambda>`, ...) is never
     /// freed, so its address alone names it; checking its contents would
     /// cost a page per sample for nothing.
+    /// While on, a code object not settled in this snapshot (vouched for,
+    /// adopted, stood in for, or in the image) is an error, never read: the
+    /// kernel sampler's walks over its copies name nothing without its proof.
+    pub fn settled_only(&mut self, on: bool) {
+        self.settled_only = on;
+    }
+
     pub fn in_image(&self, addr: u64) -> bool {
         self.image.iter().any(|&(s, e)| (s..e).contains(&addr))
     }
@@ -334,6 +343,10 @@ impl CodeCache {
                 self.counts.code_generation_hits += 1;
                 return Ok((e.info.clone(), e.ident));
             }
+        }
+        // In the image, an object is never freed: read as any sampler reads it.
+        if self.settled_only && !fixed {
+            return Err(Error::Corrupt(format!("code object at {addr:#x} was not proven by the capture")));
         }
         let mem = src.held;
         let fp = self.fingerprint(mem, o, addr, gens.interp)?;

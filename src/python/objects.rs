@@ -47,9 +47,14 @@ struct Keys {
 /// sample's task graph) and remembers the types it met meanwhile.
 pub struct ObjectReader<'a> {
     mem: &'a dyn RemoteMemory,
+    /// Where type objects, their names and the keys they share with their
+    /// instances are read: `mem` itself, unless the objects come from a
+    /// copy that holds instances only (the kernel sampler's task graphs),
+    /// whose types, which outlive them and do not change, are read live.
+    types: &'a dyn RemoteMemory,
     n: &'a NameOffsets,
     obj: &'a ObjectOffsets,
-    types: HashMap<u64, TypeInfo>,
+    type_info: HashMap<u64, TypeInfo>,
     /// (shared keys, nentries, name) → entry index: every Thread shares one
     /// keys object, so its `_name` slot is found once per read, not per thread.
     split_index: HashMap<(u64, u64, &'static str), Option<usize>>,
@@ -58,22 +63,28 @@ pub struct ObjectReader<'a> {
 impl<'a> ObjectReader<'a> {
     /// None when the offsets lack what objects need (`Offsets::names`).
     pub fn new(mem: &'a dyn RemoteMemory, o: &'a Offsets) -> Option<ObjectReader<'a>> {
-        Some(ObjectReader { mem, n: o.names.as_ref()?, obj: &o.object, types: HashMap::new(), split_index: HashMap::new() })
+        ObjectReader::with_types(mem, mem, o)
+    }
+
+    /// Objects from `mem`, their types (and the keys instances share with
+    /// them) from `types`.
+    pub fn with_types(mem: &'a dyn RemoteMemory, types: &'a dyn RemoteMemory, o: &'a Offsets) -> Option<ObjectReader<'a>> {
+        Some(ObjectReader { mem, types, n: o.names.as_ref()?, obj: &o.object, type_info: HashMap::new(), split_index: HashMap::new() })
     }
 
     fn type_info(&mut self, ty: u64) -> Result<TypeInfo> {
-        if let Some(t) = self.types.get(&ty) {
+        if let Some(t) = self.type_info.get(&ty) {
             return Ok(*t);
         }
         check_ptr(ty, "type")?;
         let n = self.n;
-        let buf = self.mem.read_vec(ty, n.type_size as usize)?;
+        let buf = self.types.read_vec(ty, n.type_size as usize)?;
         let flags = field_u64(&buf, n.tp_flags as usize);
-        let cached_keys = if flags & n.tpflags_heaptype != 0 { self.mem.read_u64(ty + n.ht_cached_keys)? } else { 0 };
+        let cached_keys = if flags & n.tpflags_heaptype != 0 { self.types.read_u64(ty + n.ht_cached_keys)? } else { 0 };
         let t =
             TypeInfo { flags, basicsize: field_u64(&buf, n.tp_basicsize as usize), dictoffset: field_u64(&buf, n.tp_dictoffset as usize) as i64, cached_keys };
-        if self.types.len() < MAX_TYPES {
-            self.types.insert(ty, t);
+        if self.type_info.len() < MAX_TYPES {
+            self.type_info.insert(ty, t);
         }
         Ok(t)
     }
@@ -104,10 +115,10 @@ impl<'a> ObjectReader<'a> {
         Ok((field_u64(&buf, self.n.ma_keys as usize), values))
     }
 
-    fn keys(&self, keys: u64) -> Result<Keys> {
+    fn keys(&self, mem: &dyn RemoteMemory, keys: u64) -> Result<Keys> {
         check_ptr(keys, "dict keys")?;
         let n = self.n;
-        let hdr = self.mem.read_vec(keys, n.keys_header_size as usize)?;
+        let hdr = mem.read_vec(keys, n.keys_header_size as usize)?;
         let nentries = field_u64(&hdr, n.dk_nentries as usize);
         let bad = |why: String| Error::Corrupt(format!("dict keys at {keys:#x}: {why}"));
         let (table, index_bytes, entry) = match n.keys_size {
@@ -143,9 +154,9 @@ impl<'a> ObjectReader<'a> {
 
     /// Every entry, index preserved: (me_key, me_value). Deleted slots have a
     /// NULL key (3.11+) or a NULL value (≤ 3.10, whose key is a dummy).
-    fn entries(&self, k: &Keys) -> Result<Vec<(u64, u64)>> {
+    fn entries(&self, mem: &dyn RemoteMemory, k: &Keys) -> Result<Vec<(u64, u64)>> {
         let e = k.entry;
-        let raw = self.mem.read_vec(k.entries_at, (k.nentries * e.size) as usize)?;
+        let raw = mem.read_vec(k.entries_at, (k.nentries * e.size) as usize)?;
         Ok(raw.chunks_exact(e.size as usize).map(|c| (field_u64(c, e.key as usize), field_u64(c, e.value as usize))).collect())
     }
 
@@ -184,7 +195,7 @@ impl<'a> ObjectReader<'a> {
     pub fn modules_stamp(&mut self, interp: u64) -> Result<(u64, u64, u64)> {
         let modules = self.mem.read_u64(interp.wrapping_add(self.n.imports_modules))?;
         let (keys, _) = self.dict_header(modules)?;
-        Ok((modules, keys, self.keys(keys)?.nentries))
+        Ok((modules, keys, self.keys(self.mem, keys)?.nentries))
     }
 
     /// The `tp_name` of `obj`'s type ("coroutine", "_asyncio.Task", ...),
@@ -192,22 +203,27 @@ impl<'a> ObjectReader<'a> {
     pub fn type_name(&mut self, obj: u64) -> Result<String> {
         check_ptr(obj, "object")?;
         let ty = self.mem.read_u64(obj + self.obj.ob_type)?;
+        self.name_of_type(ty)
+    }
+
+    /// The `tp_name` of type `ty`.
+    pub fn name_of_type(&mut self, ty: u64) -> Result<String> {
         check_ptr(ty, "type")?;
-        let name = self.mem.read_u64(ty + self.obj.tp_name)?;
+        let name = self.types.read_u64(ty + self.obj.tp_name)?;
         // A C string: any alignment.
         if name == 0 || !plausible_ptr(name & !7) {
             return Err(Error::Corrupt(format!("bad type name pointer {name:#x}")));
         }
         let mut buf = [0u8; MAX_TYPE_NAME];
-        self.mem.read(name, &mut buf)?;
+        self.types.read(name, &mut buf)?;
         let end = buf.iter().position(|&b| b == 0).ok_or_else(|| Error::Corrupt(format!("type name at {name:#x} is not terminated")))?;
         Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
     }
 
     pub fn dict_items(&mut self, dict: u64) -> Result<Vec<(u64, u64)>> {
         let (keys, values) = self.dict_header(dict)?;
-        let k = self.keys(keys)?;
-        let mut items = self.entries(&k)?;
+        let k = self.keys(self.mem, keys)?;
+        let mut items = self.entries(self.mem, &k)?;
         if values != 0 {
             let len = self.values_len(values, &k)?;
             let raw = self.mem.read_vec(values + self.n.values_array, (len * 8) as usize)?;
@@ -224,24 +240,15 @@ impl<'a> ObjectReader<'a> {
         if values != 0 {
             return self.split_get(keys, values, name);
         }
-        let entries = self.entries(&self.keys(keys)?)?;
+        let entries = self.entries(self.mem, &self.keys(self.mem, keys)?)?;
         let candidates: Vec<u64> = entries.iter().map(|&(k, v)| if v != 0 { k } else { 0 }).collect();
-        Ok(self.find_str(&candidates, name)?.map(|i| entries[i].1))
+        Ok(self.find_str(self.mem, &candidates, name)?.map(|i| entries[i].1))
     }
 
     /// A split table: keys from `keys` (a dict's, or the type's shared keys),
     /// values from the `PyDictValues` (≤ 3.10: `PyObject *[]`) at `values`.
     fn split_get(&mut self, keys: u64, values: u64, name: &'static str) -> Result<Option<u64>> {
-        let k = self.keys(keys)?;
-        let slot = match self.split_index.get(&(keys, k.nentries, name)) {
-            Some(&slot) => slot,
-            None => {
-                let candidates: Vec<u64> = self.entries(&k)?.into_iter().map(|(key, _)| key).collect();
-                let slot = self.find_str(&candidates, name)?;
-                self.split_index.insert((keys, k.nentries, name), slot);
-                slot
-            }
-        };
+        let (k, slot) = self.split_slot(keys, name)?;
         let Some(i) = slot else { return Ok(None) };
         if i as u64 >= self.values_len(values, &k)? {
             return Ok(None);
@@ -250,10 +257,27 @@ impl<'a> ObjectReader<'a> {
         Ok(Some(v).filter(|&v| v != 0))
     }
 
+    /// The shared keys `keys` (read with the types: a type's, or shared with
+    /// one) and the index of `name` among them.
+    fn split_slot(&mut self, keys: u64, name: &'static str) -> Result<(Keys, Option<usize>)> {
+        let types = self.types;
+        let k = self.keys(types, keys)?;
+        let slot = match self.split_index.get(&(keys, k.nentries, name)) {
+            Some(&slot) => slot,
+            None => {
+                let candidates: Vec<u64> = self.entries(types, &k)?.into_iter().map(|(key, _)| key).collect();
+                let slot = self.find_str(types, &candidates, name)?;
+                self.split_index.insert((keys, k.nentries, name), slot);
+                slot
+            }
+        };
+        Ok((k, slot))
+    }
+
     /// Index of the first key that is the str `name` (ASCII). Heads of all
     /// candidate keys are read in one batch; only same-length ASCII strs are
     /// then compared byte for byte.
-    fn find_str(&mut self, keys: &[u64], name: &str) -> Result<Option<usize>> {
+    fn find_str(&mut self, mem: &dyn RemoteMemory, keys: &[u64], name: &str) -> Result<Option<usize>> {
         debug_assert!(name.is_ascii());
         let o = self.obj;
         let n = self.n;
@@ -262,7 +286,7 @@ impl<'a> ObjectReader<'a> {
         let mut heads = vec![0u8; live.len() * head];
         {
             let mut reqs: Vec<(u64, &mut [u8])> = live.iter().map(|&i| keys[i]).zip(heads.chunks_exact_mut(head)).collect();
-            self.mem.read_many(&mut reqs)?;
+            mem.read_many(&mut reqs)?;
         }
         let kind_shift = o.unicode_kind_mask.trailing_zeros();
         let mut text = vec![0u8; name.len()];
@@ -272,8 +296,9 @@ impl<'a> ObjectReader<'a> {
             if !ascii_compact || (state & o.unicode_kind_mask) >> kind_shift != 1 || field_u64(h, o.unicode_length as usize) != name.len() as u64 {
                 continue;
             }
-            self.mem.read(keys[i] + o.unicode_ascii_size, &mut text)?;
-            if text == name.as_bytes() && self.type_of(keys[i])?.flags & n.tpflags_unicode_subclass != 0 {
+            mem.read(keys[i] + o.unicode_ascii_size, &mut text)?;
+            let ty = mem.read_u64(keys[i] + o.ob_type)?;
+            if text == name.as_bytes() && self.type_info(ty)?.flags & n.tpflags_unicode_subclass != 0 {
                 return Ok(Some(i));
             }
         }
@@ -383,4 +408,59 @@ impl<'a> ObjectReader<'a> {
         }
         if dict_word == 0 { Ok(None) } else { self.dict_get_str(dict_word, name) }
     }
+
+    /// Where instances of type `ty` keep attribute `name` while their
+    /// values are not a dict of their own: the places [`Self::instance_attr`]
+    /// looks, for a copy made without reading them (`kernel::tasks`). None
+    /// for a type that keeps a plain dict, or shares no such key.
+    pub fn attr_slot(&mut self, ty: u64, name: &'static str) -> Result<Option<AttrSlot>> {
+        let n = self.n;
+        let t = self.type_info(ty)?;
+        let managed = n.tpflags_managed_dict.is_some_and(|f| t.flags & f != 0);
+        if !managed || n.instance_dict == InstanceDict::DictOffset || t.cached_keys == 0 {
+            return Ok(None);
+        }
+        let Some(index) = self.split_slot(t.cached_keys, name)?.1.map(|i| i as u64) else { return Ok(None) };
+        let (Some(dict_before), array) = (n.managed_dict_preheader, n.values_array) else { return Ok(None) };
+        Ok(match n.instance_dict {
+            InstanceDict::DictOffset => None,
+            InstanceDict::ManagedValuesPreheader => n.managed_values_preheader.map(|pointer_before| AttrSlot::Values {
+                pointer_before,
+                dict_before,
+                tag: 0,
+                array,
+                index,
+                capacity: n.values_capacity,
+            }),
+            InstanceDict::ManagedTaggedPreheader => Some(AttrSlot::Values {
+                pointer_before: dict_before,
+                dict_before,
+                tag: n.managed_values_tag.unwrap_or(1),
+                array,
+                index,
+                capacity: n.values_capacity,
+            }),
+            InstanceDict::InlineValues => {
+                let inline = n.tpflags_inline_values.is_some_and(|f| t.flags & f != 0);
+                (inline && t.basicsize > 0 && t.basicsize < 1 << 16 && t.basicsize % 8 == 0).then(|| AttrSlot::Inline {
+                    dict_before,
+                    item: t.basicsize + array + 8 * index,
+                    valid: n.values_valid.map(|v| t.basicsize + v),
+                    capacity: n.values_capacity.map(|c| t.basicsize + c),
+                })
+            }
+        })
+    }
+}
+
+/// Where an instance keeps one attribute ([`ObjectReader::attr_slot`]):
+/// offsets from the object, `*_before` bytes before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttrSlot {
+    /// In its inline values (3.13+), after the object's own fields: the
+    /// item, and the values' `valid` and `capacity` bytes.
+    Inline { dict_before: u64, item: u64, valid: Option<u64>, capacity: Option<u64> },
+    /// In a values array whose pointer (tagged with `tag`, or untagged:
+    /// 0) lies before the object: item `index` from `array` on.
+    Values { pointer_before: u64, dict_before: u64, tag: u64, array: u64, index: u64, capacity: Option<u64> },
 }

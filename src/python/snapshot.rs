@@ -217,6 +217,11 @@ impl Snapshotter {
         self.walker.keep_addresses();
     }
 
+    /// `--async`'s mode, when on.
+    pub fn async_mode(&self) -> Option<AsyncMode> {
+        self.tasks.as_ref().map(|g| g.mode)
+    }
+
     /// The task graph, under `--async`.
     pub fn tasks_mut(&mut self) -> Option<&mut TaskGraph> {
         self.tasks.as_mut()
@@ -426,7 +431,7 @@ impl Snapshotter {
         let code = Sources { held: &code_view, fresh: &code_fresh, gens_at: 0 };
         let gens = Generations { interp: views.first().map_or(0, |v| v.interp), ..Generations::default() };
         let ctx = WalkContext { mem: &view, code: &code, offsets: &src.interp.offsets, gens, hooked: false };
-        let mut rd = Readers { mem: &view, offsets: &src.interp.offsets, walker: &mut self.walker, codes: &mut self.codes, ctx: &ctx };
+        let mut rd = Readers { mem: &view, types: &view, offsets: &src.interp.offsets, walker: &mut self.walker, codes: &mut self.codes, ctx: &ctx };
         self.idle_tasks.clear();
         graph.apply(&mut rd, &views, threads, &mut self.idle_tasks);
     }

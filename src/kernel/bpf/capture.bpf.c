@@ -20,6 +20,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "capture.h"
+#include "tasks.h"
 
 // Frames copied per sample: the walk's bound. User space lowers it so that
 // max_frames * frame_bytes fits the record (>= 256 frames for any layout).
@@ -390,6 +391,395 @@ send:
 	len += sizeof(struct native_tail) - STACK_BYTES + tail->len;
 	r->r.h.flags |= FLAG_NATIVE;
 	if (len > sizeof(struct native_record))
+		return 0;
+	if (bpf_ringbuf_output(&RECORDS, r, len, BPF_RB_NO_WAKEUP))
+		count(1);
+	return 0;
+}
+
+// `--async`: TASKS_CFG (per target), PLANS (per type of a target), and the
+// record with its tail being built (see tasks.h).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);            // tgid, as the host sees it
+	__type(value, struct tasks_target);
+} TASKS_CFG SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct plan_key);
+	__type(value, struct plan);
+} PLANS SEC(".maps");
+
+// The objects waiting to be copied, and those copied, for one record.
+struct walk {
+	__u64 queue[TASKS_QUEUE];      // address | plan << 56
+	__u64 seen[TASKS_SEEN];        // address | plan << 56, valid when seen_gen is gen
+	__u32 seen_gen[TASKS_SEEN];
+	__u32 gen;
+	__u32 head;
+	__u32 tail;
+	__u32 tgid;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct walk);
+} WALK SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tasks_tail);
+} TAIL SEC(".maps");
+
+struct tasks_record {
+	struct record r;
+	struct tasks_tail t;
+};
+
+// One record with its tail, per CPU (user space sets max_entries to the
+// number of CPUs: larger than a per-CPU value may be).
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tasks_record);
+} TASKS_SCRATCH SEC(".maps");
+
+#define PLAN_SHIFT 56
+#define ADDR_MASK ((1ull << PLAN_SHIFT) - 1)
+// Not a plan: the plan byte of a block copied by an op (an array, a slot).
+#define BLOCK_PART 255
+
+static __always_inline void push(struct walk *w, __u64 addr, __u8 plan)
+{
+	// A user-space object: aligned, above the first page, below 2^47.
+	if (addr < 4096 || addr >= (1ull << 47) || (addr & 7))
+		return;
+	__u32 t = w->tail;
+	if (t - w->head >= TASKS_QUEUE)
+		return;
+	w->queue[t & (TASKS_QUEUE - 1)] = addr | ((__u64)plan << PLAN_SHIFT);
+	w->tail = t + 1;
+}
+
+// Whether `item` was copied already in this record; if not, it is now.
+static __always_inline int seen(struct walk *w, __u64 item)
+{
+	__u32 h = (__u32)((item >> 3) * 0x9E3779B97F4A7C15ull >> 40);
+	for (int k = 0; k < 4; k++) {
+		__u32 i = (h + k) & (TASKS_SEEN - 1);
+		if (w->seen_gen[i] != w->gen) {
+			w->seen_gen[i] = w->gen;
+			w->seen[i] = item;
+			return 0;
+		}
+		if (w->seen[i] == item)
+			return 1;
+	}
+	return 0;  // crowded: copied again rather than missed
+}
+
+// Copy [start, start + len) of user memory into the tail as a block.
+// Returns where its bytes are in t->data, or -1.
+static __always_inline long put(struct tasks_tail *t, __u64 start, __u64 len, __u8 plan)
+{
+	__u32 pos = t->len;
+	asm volatile("" : "+r"(len));
+	if (len == 0 || len > BLOCK_MAX)
+		return -1;
+	if (pos > TASKS_BYTES - BLOCK_MAX - sizeof(struct block)) {
+		t->flags |= TASKS_FULL;
+		return -1;
+	}
+	__u32 at = pos + sizeof(struct block);
+	if (bpf_probe_read_user(&t->data[at], len, (const void *)start))
+		return -1;
+	struct block *b = (struct block *)&t->data[pos];
+	b->addr = start;
+	b->len = len;
+	b->plan = plan;
+	b->pad[0] = b->pad[1] = b->pad[2] = 0;
+	t->len = at + ((len + 7) & ~7u);
+	t->nblocks++;
+	return at;
+}
+
+// The word at `off` of the block whose bytes are at `at` (`len` long); 0 outside it.
+static __always_inline __u64 bword(struct tasks_tail *t, long at, long off, __u32 len)
+{
+	if (at < 0 || off < 0 || off + 8 > len)
+		return 0;
+	__u64 i = at + off;
+	asm volatile("" : "+r"(i));  // checked as it is used (see step())
+	if (i > TASKS_BYTES + BLOCK_MAX)
+		return 0;
+	return *(__u64 *)&t->data[i];
+}
+
+// The maps' values one record's walk works on, looked up once (a hash
+// lookup of TASKS_CFG per object and per op was a third of its cost).
+struct step_ctx {
+	struct walk *w;
+	struct tasks_tail *t;
+	const struct tasks_target *cfg;
+	__u32 tgid;
+};
+
+// What the ops of one object's plan work on (op_step's context).
+struct ops_ctx {
+	struct op ops[PLAN_OPS];
+	struct step_ctx *sc;
+	__u64 obj;
+	long at;
+	__u32 before;
+	__u32 blen;
+};
+
+// One op of the plan an object was copied by (its block at `at`, the
+// object itself `before` bytes into it).
+static __always_inline void apply(struct walk *w, struct tasks_tail *t, const struct tasks_target *cfg, const struct op *op, __u64 obj, long at,
+				  __u32 before, __u32 blen)
+{
+	long off = (long)before + op->off;
+	switch (op->code) {
+	case OP_PTR: {
+		__u8 plan = op->plan;
+		if (op->variant == 1 && !(bword(t, at, (long)before + op->count, blen) & 0xff))
+			plan = 0;
+		__u64 v = bword(t, at, off, blen);
+		if (op->masked)
+			v &= ~cfg->tag_mask;
+		push(w, v, plan);
+		break;
+	}
+	case OP_ITEMS: {
+		__u64 n = bword(t, at, (long)before + op->count, blen);
+		for (__u32 k = 0; k < OP_ITEMS_MAX; k++) {
+			if (k >= n || k >= op->max)
+				break;
+			push(w, bword(t, at, off + 8 * k, blen), op->plan);
+		}
+		break;
+	}
+	case OP_ARRAY: {
+		__u64 base = bword(t, at, off, blen);
+		__u64 n = bword(t, at, (long)before + op->count, blen) + op->extra;
+		__u32 stride = op->stride;
+		if (n > op->max || n > OP_ARRAY_MAX || stride > BLOCK_MAX / OP_ARRAY_MAX || !base)
+			break;
+		__u32 bytes = (__u32)n * stride;
+		long a = put(t, base, bytes, BLOCK_PART);
+		for (__u32 k = 0; k < OP_ARRAY_MAX; k++) {
+			if (k >= n || a < 0)
+				break;
+			push(w, bword(t, a, k * stride + op->key, bytes), op->plan);
+		}
+		break;
+	}
+	case OP_STACK: {
+		__u64 end = 0;
+		if (op->variant == STACK_END)
+			end = bword(t, at, off, blen);
+		else if (op->variant == STACK_DEPTH)
+			end = bword(t, at, off, blen) + 8 * (__s64)(__s32)bword(t, at, (long)before + op->count, blen);
+		else
+			end = obj + op->off + 8 * (__s64)(__s32)bword(t, at, (long)before + op->count, blen);
+		if (end & 7)
+			break;
+		__u64 slot = end - 8 * (__u64)cfg->awaited_slot;
+		long a = put(t, slot, 8, BLOCK_PART);
+		__u64 v = bword(t, a, 0, 8);
+		if (op->masked)
+			v &= ~cfg->tag_mask;
+		push(w, v, 0);
+		break;
+	}
+	case OP_DICT: {
+		__u64 keys = bword(t, at, off, blen);
+		__u64 hdr[8] = {};
+		if (!keys || bpf_probe_read_user(hdr, sizeof(hdr), (const void *)keys))
+			break;
+		__u64 idx;
+		if (cfg->dict_variant == DICT_SIZE) {
+			idx = hdr[(cfg->keys_size / 8) & 7];
+			if (idx > 128)
+				break;
+		} else {
+			__u32 lg = (__u32)(hdr[(cfg->keys_size / 8) & 7] >> (8 * (cfg->keys_size & 7))) & 0xff;
+			if (lg > 7)
+				break;
+			idx = 1ull << lg;
+		}
+		__u64 n = hdr[(cfg->keys_nentries / 8) & 7];
+		__u32 es = cfg->entry_size;
+		if (n > OP_ARRAY_MAX || es > 32)
+			break;
+		__u64 entries = cfg->keys_indices + idx;
+		__u64 bytes = entries + n * es;
+		if (bytes > BLOCK_MAX || bytes < cfg->keys_header)
+			break;
+		long a = put(t, keys, (__u32)bytes, BLOCK_PART);
+		for (__u32 k = 0; k < OP_ARRAY_MAX; k++) {
+			if (k >= n || a < 0)
+				break;
+			push(w, bword(t, a, entries + k * es + cfg->entry_value, (__u32)bytes), op->plan);
+		}
+		break;
+	}
+	case OP_VALUES: {
+		__u64 p = bword(t, at, off, blen);
+		if (op->variant == VALUES_TAGGED) {
+			if (!(p & op->extra))
+				break;
+			p += op->extra;
+		}
+		__u32 bytes = op->key + 8 * ((__u32)op->count + 1);
+		if (!p || bytes > BLOCK_MAX)
+			break;
+		long a = put(t, p, bytes, BLOCK_PART);
+		push(w, bword(t, a, bytes - 8, bytes), op->plan);
+		break;
+	}
+	}
+}
+
+static long op_step(__u32 j, void *c)
+{
+	struct ops_ctx *oc = c;
+	struct step_ctx *sc = oc->sc;
+	struct walk *w = sc->w;
+	struct tasks_tail *t = sc->t;
+	const struct tasks_target *cfg = sc->cfg;
+	if (!w || !t)
+		return 1;
+	asm volatile("" : "+r"(j));
+	if (!cfg || j >= PLAN_OPS)
+		return 1;
+	struct op op = oc->ops[j];
+	if (op.code == OP_NONE)
+		return 1;
+	apply(w, t, cfg, &op, oc->obj, oc->at, oc->before, oc->blen);
+	return 0;
+}
+
+// Copy the next waiting object by its plan and queue what it points at.
+static long step(__u32 i, void *c)
+{
+	struct step_ctx *sc = c;
+	struct walk *w = sc->w;
+	struct tasks_tail *t = sc->t;
+	const struct tasks_target *cfg = sc->cfg;
+	if (!w || !t || !cfg || w->head == w->tail)
+		return 1;
+	__u64 item = w->queue[w->head & (TASKS_QUEUE - 1)];
+	w->head++;
+	if (seen(w, item))
+		return 0;
+	t->objects++;
+	__u64 obj = item & ADDR_MASK;
+	__u32 pn = (__u32)(item >> PLAN_SHIFT);
+	const struct plan *p;
+	if (pn) {
+		__u32 ix = pn - 1;
+		if (ix >= FIXED_PLANS)
+			return 0;
+		// Keeps clang from computing the address before the check,
+		// which the verifier then refuses.
+		asm volatile("" : "+r"(ix));
+		if (ix >= FIXED_PLANS)
+			return 0;
+		p = &cfg->fixed[ix];
+	} else {
+		__u64 ty = 0;
+		if (bpf_probe_read_user(&ty, sizeof(ty), (const void *)(obj + cfg->ob_type)))
+			return 0;
+		struct plan_key k = {.tgid = sc->tgid, .pad = 0, .type = ty};
+		p = bpf_map_lookup_elem(&PLANS, &k);
+		if (!p) {
+			// A type user space has not seen yet: its header, from
+			// which user space learns it (and plans it for next time).
+			put(t, obj, cfg->ob_type + 8, 0);
+			return 0;
+		}
+	}
+	__u32 before = p->before, len = p->len;
+	if (before > BLOCK_MAX || len > BLOCK_MAX || before + len > BLOCK_MAX || before + len == 0)
+		return 0;
+	long at = put(t, obj - before, before + len, (__u8)pn);
+	if (at < 0)
+		return 0;
+	// The ops in a loop of their own: verified once, not once per op.
+	struct ops_ctx oc = {.sc = sc, .obj = obj, .at = at, .before = before, .blen = before + len};
+	__builtin_memcpy(oc.ops, p->ops, sizeof(oc.ops));
+	bpf_loop(PLAN_OPS, op_step, &oc, 0);
+	return 0;
+}
+
+// The interrupted thread's task graph into TAIL: from its running task
+// (3.14+: its thread state's word) or the dict of every loop's running
+// task (older). Returns the tail's length, or 0 for none.
+static __always_inline __u32 walk_tasks(const struct tasks_target *cfg, __u32 tgid, __u64 tstate)
+{
+	__u32 zero = 0;
+	struct walk *w = bpf_map_lookup_elem(&WALK, &zero);
+	struct tasks_tail *t = bpf_map_lookup_elem(&TAIL, &zero);
+	if (!w || !t)
+		return 0;
+	w->gen++;
+	w->head = w->tail = 0;
+	w->tgid = tgid;
+	t->nblocks = t->len = t->objects = t->flags = 0;
+	if (cfg->running_task != NO_FIELD) {
+		long a = put(t, tstate + cfg->running_task, 8, BLOCK_PART);
+		push(w, bword(t, a, 0, 8), PLAN_TASK);
+	}
+	push(w, cfg->root, PLAN_DICT);
+	struct step_ctx sc = {.w = w, .t = t, .cfg = cfg, .tgid = tgid};
+	bpf_loop(TASKS_OBJECTS, step, &sc, 0);
+	if (w->head != w->tail)
+		t->flags |= TASKS_BOUND;
+	return t->len;
+}
+
+// `--async`: the same record, then the objects of the thread's task graph
+// as they were at the interrupt (tasks.h).
+SEC("perf_event")
+int capture_tasks(void *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	struct target *t = bpf_map_lookup_elem(&TARGETS, &tgid);
+	if (!t || in_exec())
+		return 0;
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct tasks_record *r = bpf_map_lookup_elem(&TASKS_SCRATCH, &cpu);
+	if (!r)
+		return 0;
+	count(0);
+	__u64 len = take(&r->r, t, tgid, tid, bpf_ktime_get_ns());
+	if (len > sizeof(struct record))
+		return 0;
+	struct tasks_target *cfg = bpf_map_lookup_elem(&TASKS_CFG, &tgid);
+	if (cfg && r->r.h.nframes && r->r.h.tstate) {
+		__u32 used = walk_tasks(cfg, tgid, r->r.h.tstate);
+		__u32 zero = 0;
+		struct tasks_tail *tail = bpf_map_lookup_elem(&TAIL, &zero);
+		__u64 whole = 16 + (__u64)used;
+		if (tail && whole <= 16 + TASKS_BYTES) {
+			if (bpf_probe_read_kernel((__u8 *)r + len, whole, tail) == 0) {
+				r->r.h.flags |= FLAG_TASKS;
+				len += whole;
+			}
+		}
+	}
+	if (len > sizeof(struct tasks_record))
 		return 0;
 	if (bpf_ringbuf_output(&RECORDS, r, len, BPF_RB_NO_WAKEUP))
 		count(1);
