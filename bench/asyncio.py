@@ -7,11 +7,15 @@ plus a sleeping task). Its own clock (SIGUSR1) says what share of the two
 workers' spin time was worker-a's: the exact answer a task-aware profiler's
 samples must give.
 
-Profilers, each attached for SECS at RATE: pyprof --async, pyprof without it
-(the cost of plain stacks), Tachyon --async-aware (CPython 3.15's own sampler,
-with and without --blocking; 3.15 only), and py-spy (no task stacks: cost
-only). Columns: samples, profiler CPU per sample (user+sys of the profiler
-process), worker-a's share by the samples and by the clock, the difference.
+Profilers, each attached for SECS at RATE: pyprof --async with each of its
+samplers (kernel: the graph copied by the eBPF program at the interrupt;
+ptrace: read while the GIL holder is stopped), pyprof without it (the cost
+of plain stacks), Tachyon --async-aware (CPython 3.15's own sampler, with
+and without --blocking; 3.15 only), and py-spy (no task stacks: cost only).
+Columns: samples, profiler CPU per sample (user+sys of the profiler
+process), worker-a's share by the samples and by the clock, the difference,
+and what sampling cost the target: the BPF program's CPU per sample (kernel
+sampler), or the share of the time the GIL holder was held (ptrace).
 
   python3 bench/asyncio.py [--pythons 3.12,3.15] [--rate 1000] [--secs 5]
 
@@ -101,8 +105,10 @@ def tachyon_task(frame):
 
 def profilers(minor, rate, secs, work):
     out = os.path.join(work, "out.txt")
-    yield "pyprof --async", [PYPROF, "record", "--async", "-r", str(rate), "-d", str(secs), "-f", "collapsed", "-o", out, "--pid"], out, pyprof_task
-    yield "pyprof (plain)", [PYPROF, "record", "-r", str(rate), "-d", str(secs), "-f", "collapsed", "-o", out, "--pid"], out, None
+    for sampler in ("kernel", "ptrace"):
+        cmd = [PYPROF, "record", "--async", "--sampler", sampler, "-r", str(rate), "-d", str(secs), "-f", "collapsed", "-o", out, "--pid"]
+        yield "pyprof --async (%s)" % sampler, cmd, out, pyprof_task
+    yield "pyprof (plain, kernel)", [PYPROF, "record", "--sampler", "kernel", "-r", str(rate), "-d", str(secs), "-f", "collapsed", "-o", out, "--pid"], out, None
     if minor == 15:
         inner = "/tmp/tachyon-out.txt"
         for extra in ([], ["--blocking"]):
@@ -143,11 +149,13 @@ def main():
                 samples = sum(int(l.rsplit(" ", 1)[1]) for l in f if l.strip())
             a, b = counts.get("worker-a", 0), counts.get("worker-b", 0)
             share = 100 * a / (a + b) if a + b else None
-            held = re.search(r"held ([\d.]+) % of the time", log)
-            rows.append((v, name, samples, 1e6 * cpu / max(samples, 1), share, clock, held.group(1) + " %" if held else ""))
+            held = re.search(r"([\d.]+) % of the time held", log)
+            bpf = re.search(r"BPF program ([\d.]+) ms CPU", log)
+            cost = ("held %s %%" % held.group(1)) if held else ("BPF %.1f µs/sample" % (1e3 * float(bpf.group(1)) / max(samples, 1)) if bpf else "")
+            rows.append((v, name, samples, 1e6 * cpu / max(samples, 1), share, clock, cost))
             print("%s %-32s %6d samples  %7.1f us/sample  worker-a %s vs clock %.2f %%  %s" %
                   (v, name, samples, rows[-1][3], "%.2f %%" % share if share is not None else "n/a", clock, rows[-1][6]), flush=True)
-    print("\n| python | profiler | samples | CPU µs/sample | worker-a share | clock | off by pp | target held |")
+    print("\n| python | profiler | samples | CPU µs/sample | worker-a share | clock | off by pp | sampling's cost to the target |")
     print("|---|---|--:|--:|--:|--:|--:|--:|")
     for v, name, samples, us, share, clock, held in rows:
         off = "%.2f" % (share - clock) if share is not None else "no task stacks"

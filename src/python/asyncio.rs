@@ -33,7 +33,7 @@ use crate::offsets::asyncio::{AsyncioOffsets, AwaiterLinks, GenFrame, ValueStack
 use crate::process::memory::{RemoteMemory, check_pointer, field_u64};
 use crate::python::code::CodeCache;
 use crate::python::frames::{FrameWalker, WalkContext};
-use crate::python::objects::ObjectReader;
+use crate::python::objects::{ObjectCaches, ObjectReader};
 use crate::python::strings::read_unicode;
 use crate::stack::{Frame, FrameKind, ThreadStack};
 
@@ -54,6 +54,8 @@ const MAX_FRAME_BYTES: u64 = 1 << 20;
 const MAX_CALLBACKS: u64 = 64;
 /// Distinct types classified (a program has a handful that matter).
 const MAX_KINDS: usize = 4096;
+/// How long readers of copies keep what they learned of the types.
+const TYPE_CACHE_FOR: Duration = Duration::from_secs(1);
 /// How often a target with no asyncio yet is looked at again.
 const RELOCATE: Duration = Duration::from_millis(250);
 
@@ -171,6 +173,8 @@ pub struct TaskGraph {
     copied: bool,
     /// (type, attribute) asked of instances since the last take.
     wanted: Vec<(u64, &'static str)>,
+    /// Over copies: what readers learned of the types, and since when.
+    caches: Option<(Instant, ObjectCaches)>,
 }
 
 impl TaskGraph {
@@ -186,6 +190,7 @@ impl TaskGraph {
             pure: false,
             copied: false,
             wanted: Vec::new(),
+            caches: None,
         }
     }
 
@@ -284,12 +289,27 @@ impl TaskGraph {
     /// (with [`AsyncMode::All`]) put a stack in `idle` for every other pending task.
     pub fn apply(&mut self, rd: &mut Readers, views: &[ThreadView], threads: &mut [ThreadStack], idle: &mut Vec<ThreadStack>) {
         let Some(ao) = self.offsets.take() else { return };
+        // Over copies, what the last passes learned of the types (read live,
+        // a few syscalls a pass) is kept for a while; a live read holds its
+        // instant, and looks at each type afresh.
+        let caches = match self.copied && self.caches.as_ref().is_some_and(|(at, _)| at.elapsed() < TYPE_CACHE_FOR) {
+            true => self.caches.take().map(|(_, c)| c),
+            false => None,
+        };
         let mut pass = Pass::new(self, &ao, rd.mem, rd.types, rd.offsets);
+        if let Some(c) = caches {
+            pass.objects = pass.objects.take().map(|o| o.with_caches(c));
+        }
         let running = pass.rewrite_threads(rd, views, threads);
         if pass.g.mode == AsyncMode::All {
             if let Err(_e) = pass.idle_tasks(rd, views, &running, idle) {
                 pass.g.counts.task_graph_errors += 1;
             }
+        }
+        let learned = pass.objects.take().map(ObjectReader::into_caches);
+        if self.copied {
+            let at = self.caches.as_ref().map_or_else(Instant::now, |(at, _)| *at);
+            self.caches = learned.map(|c| (at, c));
         }
         self.offsets = Some(ao);
     }

@@ -54,6 +54,13 @@ pub struct ObjectReader<'a> {
     types: &'a dyn RemoteMemory,
     n: &'a NameOffsets,
     obj: &'a ObjectOffsets,
+    caches: ObjectCaches,
+}
+
+/// What a reader remembers of the types it met: kept for one look unless
+/// handed from one reader to the next ([`ObjectReader::with_caches`]).
+#[derive(Default)]
+pub struct ObjectCaches {
     type_info: HashMap<u64, TypeInfo>,
     /// (shared keys, nentries, name) → entry index: every Thread shares one
     /// keys object, so its `_name` slot is found once per read, not per thread.
@@ -69,11 +76,22 @@ impl<'a> ObjectReader<'a> {
     /// Objects from `mem`, their types (and the keys instances share with
     /// them) from `types`.
     pub fn with_types(mem: &'a dyn RemoteMemory, types: &'a dyn RemoteMemory, o: &'a Offsets) -> Option<ObjectReader<'a>> {
-        Some(ObjectReader { mem, types, n: o.names.as_ref()?, obj: &o.object, type_info: HashMap::new(), split_index: HashMap::new() })
+        Some(ObjectReader { mem, types, n: o.names.as_ref()?, obj: &o.object, caches: ObjectCaches::default() })
+    }
+
+    /// Start from what an earlier reader learned of the types (see
+    /// [`ObjectCaches`]); `into_caches` hands it on.
+    pub fn with_caches(mut self, caches: ObjectCaches) -> ObjectReader<'a> {
+        self.caches = caches;
+        self
+    }
+
+    pub fn into_caches(self) -> ObjectCaches {
+        self.caches
     }
 
     fn type_info(&mut self, ty: u64) -> Result<TypeInfo> {
-        if let Some(t) = self.type_info.get(&ty) {
+        if let Some(t) = self.caches.type_info.get(&ty) {
             return Ok(*t);
         }
         check_ptr(ty, "type")?;
@@ -83,8 +101,8 @@ impl<'a> ObjectReader<'a> {
         let cached_keys = if flags & n.tpflags_heaptype != 0 { self.types.read_u64(ty + n.ht_cached_keys)? } else { 0 };
         let t =
             TypeInfo { flags, basicsize: field_u64(&buf, n.tp_basicsize as usize), dictoffset: field_u64(&buf, n.tp_dictoffset as usize) as i64, cached_keys };
-        if self.type_info.len() < MAX_TYPES {
-            self.type_info.insert(ty, t);
+        if self.caches.type_info.len() < MAX_TYPES {
+            self.caches.type_info.insert(ty, t);
         }
         Ok(t)
     }
@@ -262,12 +280,12 @@ impl<'a> ObjectReader<'a> {
     fn split_slot(&mut self, keys: u64, name: &'static str) -> Result<(Keys, Option<usize>)> {
         let types = self.types;
         let k = self.keys(types, keys)?;
-        let slot = match self.split_index.get(&(keys, k.nentries, name)) {
+        let slot = match self.caches.split_index.get(&(keys, k.nentries, name)) {
             Some(&slot) => slot,
             None => {
                 let candidates: Vec<u64> = self.entries(types, &k)?.into_iter().map(|(key, _)| key).collect();
                 let slot = self.find_str(types, &candidates, name)?;
-                self.split_index.insert((keys, k.nentries, name), slot);
+                self.caches.split_index.insert((keys, k.nentries, name), slot);
                 slot
             }
         };
