@@ -16,6 +16,8 @@ use super::tasks::plan::{Plan, PlanKey, TasksTarget};
 
 /// The program, built by scripts/build-bpf.sh from bpf/capture.bpf.c.
 static OBJECT: &[u8] = aya::include_bytes_aligned!("bpf/capture.bpf.o");
+/// `--native`'s task iterator, from bpf/saved_regs.bpf.c (`saved_regs`).
+static SAVED_REGS: &[u8] = aya::include_bytes_aligned!("bpf/saved_regs.bpf.o");
 
 /// Why the kernel sampler cannot run here: said once, and the ptrace
 /// sampler used instead.
@@ -65,6 +67,9 @@ pub struct KernelSampler {
     switch_records: bool,
     /// `--async`: the program copies each record's task graph too.
     tasks: bool,
+    /// `--native`: reads the registers a thread asleep since before the
+    /// program ran saved; or why the kernel refused the iterator.
+    saved_regs: Option<Result<super::saved_regs::SavedRegs, String>>,
     /// Keeps `kernel.bpf_stats_enabled` on while we run (None: refused).
     _stats: Option<OwnedFd>,
 }
@@ -154,6 +159,7 @@ impl KernelSampler {
         }
         let mut bpf = loader.load(OBJECT).map_err(|e| refused("loading the BPF program", e))?;
         let tasks = tasks && native.is_none();
+        let native_wall = native.is_some();
         let prog: &mut PerfEvent = bpf
             .program_mut(program(&native, tasks))
             .ok_or_else(|| Refused { why: "BPF object has no capture program".into() })?
@@ -195,6 +201,9 @@ impl KernelSampler {
             native,
             switch_records,
             tasks,
+            // Refused (before Linux 6.1, say), such a thread keeps /proc's
+            // sp and ip only, as before.
+            saved_regs: native_wall.then(|| super::saved_regs::SavedRegs::load(SAVED_REGS)),
             _stats: stats,
         };
         k.write_settings().map_err(|e| refused("SETTINGS", e))?;
@@ -272,6 +281,19 @@ impl KernelSampler {
 
     pub fn remove_target(&mut self, pid: u32) {
         let _ = self.targets.remove(&pid);
+    }
+
+    /// `--native`: the user registers host thread `tid` saved as it last
+    /// entered the kernel, from the task iterator (a thread off CPU: those
+    /// it will leave with); None where the iterator is refused.
+    pub fn saved_regs(&self, tid: u32) -> Option<crate::stack::Regs> {
+        self.saved_regs.as_ref()?.as_ref().ok()?.of(tid)
+    }
+
+    /// `--native`: why threads asleep since before the program ran keep
+    /// /proc's sp and ip only, if they do.
+    pub fn saved_regs_refused(&self) -> Option<&str> {
+        self.saved_regs.as_ref()?.as_ref().err().map(String::as_str)
     }
 
     /// `--native`: the user registers host thread `tid` last left its CPU

@@ -23,6 +23,7 @@ pub mod native;
 pub mod off_cpu;
 pub mod record;
 pub mod run;
+pub mod saved_regs;
 pub mod target;
 pub mod tasks;
 

@@ -24,11 +24,21 @@ pub struct KernelNative {
     /// Wall mode's threads on no CPU, by their index in the snapshot:
     /// (frames, unwound to the end, had registers), reused across ticks.
     off: Vec<(Vec<NativeRaw>, bool, bool)>,
+    /// Threads asleep since before the program ran: the registers the
+    /// task iterator read of each, by host tid (unchanged while it sleeps).
+    asleep: std::collections::HashMap<u64, Regs>,
 }
 
 impl KernelNative {
     pub fn new(a: &Attached, opts: &NativeOptions) -> KernelNative {
-        KernelNative { state: NativeState::new(&a.target, opts.clone()), raw: Vec::new(), named: Vec::new(), merged: Vec::new(), off: Vec::new() }
+        KernelNative {
+            state: NativeState::new(&a.target, opts.clone()),
+            raw: Vec::new(),
+            named: Vec::new(),
+            merged: Vec::new(),
+            off: Vec::new(),
+            asleep: std::collections::HashMap::new(),
+        }
     }
 
     /// Put the C frames of record `rec` around `py`, the Python frames the
@@ -68,11 +78,12 @@ impl KernelNative {
     /// read, host thread `tid` of `pid`, proven on no CPU. Its registers
     /// are the ones it left its CPU with: those the program's
     /// `switch_out` kept, or for a thread off CPU since before it ran,
-    /// those `/proc/PID/task/TID/syscall` shows (sp and ip: the frame
-    /// pointer stays unknown, so a frame whose CFI needs it ends the
-    /// unwind, marked). Its stack is read live: it does not change while
-    /// the thread is off CPU, which the caller proves after this read, as
-    /// for its Python frames.
+    /// those the task iterator reads of it (`saved_regs`), taken only where
+    /// their sp and ip are those `/proc/PID/task/TID/syscall` shows; where
+    /// the iterator is refused, /proc's alone (the frame pointer unknown,
+    /// a frame whose CFI needs it ends the unwind, marked). Its stack is
+    /// read live: it does not change while the thread is off CPU, which the
+    /// caller proves after this read, as for its Python frames.
     pub fn unwind_off_cpu(&mut self, k: &KernelSampler, pid: i32, tid: u64, mem: &dyn RemoteMemory, slot: usize) {
         if self.off.len() <= slot {
             self.off.resize_with(slot + 1, Default::default);
@@ -80,13 +91,38 @@ impl KernelNative {
         // What the program saw it leave its CPU with, else (off CPU since
         // before the program ran) what /proc shows.
         let kept = u32::try_from(tid).ok().and_then(|t| k.left_cpu_with(t));
-        let regs = kept.or_else(|| off_cpu_registers(pid, tid));
+        let (regs, whole) = match kept {
+            Some(r) => (Some(r), true),
+            None => match off_cpu_registers(pid, tid) {
+                Some(shown) => match self.saved(k, tid, shown) {
+                    Some(full) => (Some(full), true),
+                    None => (Some(shown), false),
+                },
+                None => (None, false),
+            },
+        };
         let s = &mut self.off[slot];
         s.2 = regs.is_some();
         let complete = regs.is_some_and(|r| self.state.unwind_raw(mem, r, &mut s.0));
         // Without the frame pointer, an unwind that ends where a frame's
         // CFI needs it looks like the stack's end: never taken for it.
-        s.1 = complete && kept.is_some();
+        s.1 = complete && whole;
+    }
+
+    /// The registers thread `tid`, asleep since before the program ran,
+    /// saved: the iterator's, once, while their sp and ip stay those /proc
+    /// shows (`shown`); read again when they no longer do.
+    fn saved(&mut self, k: &KernelSampler, tid: u64, shown: Regs) -> Option<Regs> {
+        let same = |r: &Regs| r.sp == shown.sp && r.ip == shown.ip;
+        if let Some(r) = self.asleep.get(&tid).filter(|r| same(r)) {
+            return Some(*r);
+        }
+        let full = u32::try_from(tid).ok().and_then(|t| k.saved_regs(t)).filter(same)?;
+        if self.asleep.len() >= 4096 {
+            self.asleep.clear();
+        }
+        self.asleep.insert(tid, full);
+        Some(full)
     }
 
     /// Merge thread `slot`'s C stack of [`Self::unwind_off_cpu`] with its

@@ -603,6 +603,11 @@ pub fn run(
     for mut p in procs.into_values() {
         p.end(k, &mut stats);
     }
+    if let Some(why) = k.saved_regs_refused().filter(|_| cfg.mode == Mode::Wall) {
+        stats.add_warnings(&[format!(
+            "threads asleep since before the recording are unwound without their frame pointer, so a frame-pointer build's C stack ends at its first such frame, marked ({why})"
+        )]);
+    }
     ks.program = k.cost();
     ks.counts.off_cpu_carried = stats.counts.carried;
     ks.counts.off_cpu_from_switch = stats.counts.from_switch_out;
