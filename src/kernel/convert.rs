@@ -103,9 +103,11 @@ impl Converter {
     pub fn new(interp: &Interpreter, main_interp: u64) -> Converter {
         let mut offsets = interp.offsets.clone();
         offsets.frame.size = frame_bytes(&offsets);
+        let mut walker = FrameWalker::default();
+        walker.copies_only();
         Converter {
             offsets,
-            walker: FrameWalker::default(),
+            walker,
             codes: CodeCache::new(interp.image.clone()),
             mem: Captured::default(),
             ident: IdentRule::for_offsets(&interp.offsets),
