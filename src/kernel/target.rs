@@ -30,6 +30,8 @@ pub struct KernelTarget {
     pub tasks: Option<KernelTasks>,
     /// tid → thread state, as last put in the map.
     tids: HashMap<u32, u64>,
+    /// The same tids, sorted: wall mode walks them at every tick.
+    sorted: Vec<u32>,
     /// tid → (interpreter, `threading` ident), for [`Self::python_name`].
     idents: HashMap<u32, (u64, u64)>,
     /// The `threading` names every output shows, as the other samplers do.
@@ -79,6 +81,7 @@ impl KernelTarget {
             native: k.native().map(|o| KernelNative::new(a, o)),
             tasks,
             tids: HashMap::new(),
+            sorted: Vec::new(),
             idents: HashMap::new(),
             py_names: NameCache::default(),
             list: ThreadList::default(),
@@ -112,9 +115,9 @@ impl KernelTarget {
         t.take_counts()
     }
 
-    /// The host tids of the threads in the map.
+    /// The host tids of the threads in the map, in order.
     pub fn tids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.tids.keys().copied()
+        self.sorted.iter().copied()
     }
 
     pub fn note_unknown(&mut self) {
@@ -160,6 +163,9 @@ impl KernelTarget {
             k.remove_thread(*tid);
         }
         self.tids = now;
+        self.sorted.clear();
+        self.sorted.extend(self.tids.keys().copied());
+        self.sorted.sort_unstable();
         self.stale = false;
         Ok(())
     }
@@ -190,5 +196,6 @@ impl KernelTarget {
             k.remove_thread(*tid);
         }
         self.tids.clear();
+        self.sorted.clear();
     }
 }
