@@ -158,7 +158,7 @@ class Target:
         self.py = py
         self.private_proc = False
         script, script_args = (SHORT_CALLS, []) if kind == "short_calls" else \
-            (os.path.join(BENCH, kind + "_target.py"), script_args) if kind in ("threads", "prefork") else \
+            (os.path.join(BENCH, kind + "_target.py"), script_args) if kind in ("threads", "prefork", "gaps") else \
             (TARGET_SCRIPT, [kind, str(arg)])
         if py.chroot:
             # The script lives inside the chroot. With private_proc the target runs in
@@ -358,6 +358,11 @@ class PyProf(Profiler):
             res["torn"] = s.get("torn", 0)
             if meta["samples"]:
                 res["torn_pct"] = 100.0 * res["torn"] / meta["samples"]
+        # The kernel sampler's program runs on the target's CPU, in its time:
+        # what it cost per sample, beside pyprof's own CPU.
+        k = s.get("kernel") or {}
+        if k.get("program_ns") and meta["samples"]:
+            res["bpf_us_per_sample"] = k["program_ns"] / 1e3 / meta["samples"]
         if s:
             res["sampling"] = s
         return res
@@ -1351,6 +1356,7 @@ COLUMNS = [
     ("rate", "rate req", "%d"),
     ("achieved_hz", "achieved Hz", "%.0f"),
     ("cpu_us_per_sample", "CPU µs/sample", "%.1f"),
+    ("bpf_us_per_sample", "BPF µs/sample", "%.1f"),
     ("cpu_s_per_1000_samples", "CPU s/1000 samples", "%.4f"),
     ("slowdown_pct", "target slowdown %", "%.1f"),
     ("share_err_pp", "share error pp", "%.1f"),
