@@ -436,3 +436,41 @@ fn async_is_refused_with_native() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--native"));
 }
+
+/// A program run without asyncio's C accelerator has pure-Python tasks,
+/// which the kernel sampler does not copy: its recording still samples
+/// (the threads' own stacks, nothing stopped) and says once why there are
+/// no task stacks, and what reads them.
+#[test]
+fn pure_python_tasks_under_the_kernel_sampler_are_named_as_the_reason() {
+    for py in interpreters().iter().filter(|p| p.label == "pyenv-3.12" || p.label == "sid-3.15") {
+        let target = py.spawn("async_tasks.py", &["--pure"]);
+        assert_eq!(target.first_line.trim(), "ready", "[{}] target did not start", py.label);
+        let path = temp_dir("async-pure-kernel").join(format!("{}.json", py.label));
+        let out = pyprof(&[
+            "record",
+            "--pid",
+            &target.pid().to_string(),
+            "--async",
+            "--sampler",
+            "kernel",
+            "-r",
+            "200",
+            "-d",
+            "1.5",
+            "-f",
+            "json",
+            "-o",
+            path.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "[{}] {stderr}", py.label);
+        let p = read_profile(&path);
+        if !kernel_ran(&p.meta.sampling.method, &stderr, &py.label) {
+            continue;
+        }
+        assert!(p.total_samples() >= 100, "[{}] {} samples: {stderr}", py.label, p.total_samples());
+        assert_eq!(stderr.matches("runs without its C accelerator").count(), 1, "[{}] {stderr}", py.label);
+        assert!(stderr.contains("--sampler ptrace"), "[{}] {stderr}", py.label);
+    }
+}

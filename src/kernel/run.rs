@@ -174,6 +174,7 @@ impl Proc {
     fn end(&mut self, k: &mut KernelSampler, stats: &mut SamplerStats) {
         if let Some(t) = self.target.tasks.as_mut() {
             stats.counts += t.take_counts();
+            stats.add_warnings(t.warning().as_slice());
         }
         self.target.forget(k);
         if let Some(n) = self.target.native.as_mut() {

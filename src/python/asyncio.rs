@@ -202,6 +202,12 @@ impl TaskGraph {
         TaskGraph { copied: true, ..TaskGraph::new(mode) }
     }
 
+    /// Whether the program's tasks are asyncio's pure-Python ones (it runs
+    /// without the `_asyncio` accelerator).
+    pub fn pure_python_tasks(&self) -> bool {
+        self.pure
+    }
+
     /// The offsets in use, once found.
     pub fn offsets(&self) -> Option<&AsyncioOffsets> {
         self.offsets.as_ref()

@@ -109,10 +109,14 @@ impl KernelTasks {
             self.graph.set_offsets(crate::attach::asyncio::locate(a).ok().flatten());
         }
         let Some(ao) = self.graph.offsets().cloned() else { return };
+        let o = &a.interp.offsets;
         if !ao.c_tasks {
+            // 3.14+ without `_asyncio`: pure-Python tasks only, nothing the
+            // program copies; a look at the graph finds them for the
+            // summary to say so (`warning`).
+            self.graph.survey(&a.mem, o, conv.main_interp(), tstates);
             return;
         }
-        let o = &a.interp.offsets;
         // ≤ 3.13: each loop's running task is in one dict, the copy's root.
         let root = match ao.thread_running_task {
             Some(_) => 0,
@@ -205,6 +209,14 @@ impl KernelTasks {
     /// (records with a copy, copies cut short) since the last call.
     pub fn take_copies(&mut self) -> (u64, u64) {
         (std::mem::take(&mut self.copies), std::mem::take(&mut self.cut))
+    }
+
+    /// Why this target's task stacks are missing, where the reason is one
+    /// a user can act on.
+    pub fn warning(&self) -> Option<String> {
+        self.graph.pure_python_tasks().then(|| {
+            "the target's asyncio runs without its C accelerator: the kernel sampler copies C tasks only, so its threads keep their own stacks (--async --sampler ptrace reads pure-Python tasks)".to_string()
+        })
     }
 
     /// What the reader counted since the last call.
