@@ -255,13 +255,25 @@ static __always_inline int in_exec(void)
 	return 1;
 }
 
+// The interrupted thread (tgid, tid) and its target, if it is one and
+// not inside execve.
+static __always_inline struct target *sampled(__u32 *tgid, __u32 *tid)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	*tgid = id >> 32;
+	*tid = (__u32)id;
+	struct target *t = bpf_map_lookup_elem(&TARGETS, tgid);
+	if (!t || in_exec())
+		return 0;
+	return t;
+}
+
 SEC("perf_event")
 int capture(void *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32, tid = (__u32)id;
-	struct target *t = bpf_map_lookup_elem(&TARGETS, &tgid);
-	if (!t || in_exec())
+	__u32 tgid, tid;
+	struct target *t = sampled(&tgid, &tid);
+	if (!t)
 		return 0;
 	__u32 zero = 0;
 	struct record *r = bpf_map_lookup_elem(&SCRATCH, &zero);
@@ -351,10 +363,9 @@ int switch_out(struct bpf_raw_tracepoint_args *ctx)
 SEC("perf_event")
 int capture_native(struct bpf_perf_event_data *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32, tid = (__u32)id;
-	struct target *t = bpf_map_lookup_elem(&TARGETS, &tgid);
-	if (!t || in_exec())
+	__u32 tgid, tid;
+	struct target *t = sampled(&tgid, &tid);
+	if (!t)
 		return 0;
 	__u32 cpu = bpf_get_smp_processor_id();
 	struct native_record *r = bpf_map_lookup_elem(&NATIVE_SCRATCH, &cpu);
@@ -763,10 +774,9 @@ static __always_inline __u32 walk_tasks(const struct tasks_target *cfg, __u32 tg
 SEC("perf_event")
 int capture_tasks(void *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32, tid = (__u32)id;
-	struct target *t = bpf_map_lookup_elem(&TARGETS, &tgid);
-	if (!t || in_exec())
+	__u32 tgid, tid;
+	struct target *t = sampled(&tgid, &tid);
+	if (!t)
 		return 0;
 	__u32 cpu = bpf_get_smp_processor_id();
 	struct tasks_record *r = bpf_map_lookup_elem(&TASKS_SCRATCH, &cpu);
