@@ -76,7 +76,7 @@ fn threads_of_a_target_in_a_pid_namespace_are_the_hosts() {
         // switches (a busy machine makes most ticks so): both need its host id.
         let s = &p.meta.sampling;
         assert!(s.stopped + s.off_cpu >= p.meta.ticks * 9 / 10, "{label}: the GIL holder was neither stopped nor proven off CPU ({s:?}): {stderr}");
-        assert!(p.meta.errors.is_empty() && p.meta.samples > 0, "{label}: {:?}, {} samples: {stderr}", p.meta.errors, p.meta.samples);
+        assert!(read_errors(&p.meta).is_empty() && p.meta.samples > 0, "{label}: {:?}, {} samples: {stderr}", p.meta.errors, p.meta.samples);
         for t in &p.threads {
             assert!(t.native_id.is_some_and(|id| tids.contains(&id)), "{label}: profile thread {t:?}");
         }

@@ -426,6 +426,13 @@ pub fn chromium(exe: &Path, dir: &Path, tag: &str, args: &[&str], url: &str) -> 
     (stdout, stderr)
 }
 
+/// A profile's read errors: ticks skipped while the machine stalled the
+/// profiler are reported in `meta.errors` too, but are the machine's doing,
+/// not a misread.
+pub fn read_errors(meta: &pyprof::profile::model::Meta) -> Vec<(&str, u64)> {
+    meta.errors.iter().filter(|(k, _)| k.as_str() != "skipped_ticks").map(|(k, &n)| (k.as_str(), n)).collect()
+}
+
 /// Console lines that report a script error.
 pub fn script_errors(stderr: &str) -> Vec<&str> {
     stderr.lines().filter(|l| l.contains(":CONSOLE") && (l.contains("Uncaught") || l.contains("Error"))).collect()
