@@ -1254,8 +1254,8 @@ def scale(args, tmp):
     secs = args.duration
     rate = args.scale_rate
     counts = [1] + [int(n) for n in args.scale_threads.split(",")]
-    thread_profs = [ScaleProf("pyprof"), ScaleProf("pyprof", "cpu"), ScaleProf("pyprof", "gil"),
-                    ScaleProf("pyprof", "wall", sampler="kernel"), ScaleProf("pyprof", "cpu", sampler="kernel")]
+    # Each sampler named: as root, pyprof's default is the kernel sampler.
+    thread_profs = [ScaleProf("pyprof", mode, sampler=sampler) for sampler in ("ptrace", "kernel") for mode in ("wall", "cpu", "gil")]
     if have_pyspy:
         thread_profs += [ScaleProf("py-spy", nonblocking=True), ScaleProf("py-spy")]
     rows, seq = [], 0
