@@ -1,5 +1,6 @@
 //! `--format heatmap` on real targets. One recording of
-//! `tests/scripts/heat_lines.py` (line A spins 3x as long as line B, called
+//! `tests/scripts/heat_lines.py` (line A spins 3x as long as line B by the
+//! thread's CPU clock, called
 //! from another file) is rendered by `pyprof report` and opened in headless
 //! Chromium: the hottest line is line A, every line's own and total counts
 //! are the ones the JSON profile gives, every link lands on an element of
@@ -145,7 +146,10 @@ fn heatmap_of_a_recorded_profile_renders_in_chromium_with_exact_counts() {
     let dir = temp_dir("heatmap");
     let json = dir.join("p.json");
     let script = scripts_dir().join("heat_lines.py");
-    record(&py, script.to_str().unwrap(), "3", &json, &[]);
+    // CPU mode, as the workload splits CPU time: the Chromium of the test
+    // beside this one may keep the target off its CPU for tens of
+    // milliseconds, which a wall-clock split would charge to one line.
+    record(&py, script.to_str().unwrap(), "3", &json, &["--mode", "cpu"]);
     let html = dir.join("r.html");
     run_ok(&["report", json.to_str().unwrap(), "-o", html.to_str().unwrap()]);
 
@@ -163,7 +167,7 @@ fn heatmap_of_a_recorded_profile_renders_in_chromium_with_exact_counts() {
     assert_eq!(got.len(), shown.len(), "a line shown twice");
     assert_eq!(got, want, "\n{}", context());
 
-    // The hottest line is line A, and it is 2-4.5x line B (3x by the clock).
+    // The hottest line is line A, and it is 2-4.5x line B (3x by the thread's CPU clock).
     let spin = scripts_dir().join("heatpkg/spin.py");
     let (a, b) = (line_of(&spin, "# line A"), line_of(&spin, "# line B"));
     let hottest = shown.iter().max_by(|x, y| x.shade.total_cmp(&y.shade)).unwrap();

@@ -1,5 +1,5 @@
 """Heat map workload: heatpkg.spin.hot() spins about three times as long on
-its line A as on its line B, by the clock, called from caller() here (so the
+its line A as on its line B by its thread's CPU clock, called from caller() (so the
 call crosses files). argv[1]: seconds to run (default 3).
 Prints "ready" once the package is imported and the loop starts."""
 # heat-lines marker: <this comment & its "quotes"> must show in the heat map
