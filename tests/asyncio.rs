@@ -334,11 +334,7 @@ fn the_kernel_sampler_copies_every_link_of_the_task_graph() {
 /// sampler's: asked for by name it says so and samples with ptrace.
 #[test]
 fn async_all_asked_of_the_kernel_sampler_falls_back_to_ptrace() {
-    let Some(py) = interpreters().into_iter().find(|p| p.label == "pyenv-3.12") else {
-        assert!(!in_ci(), "pyenv-3.12 is part of the CI matrix");
-        skipped("on this developer machine: no pyenv 3.12");
-        return;
-    };
+    let Some(py) = interpreter("pyenv-3.12") else { return };
     let target = py.spawn("async_tasks.py", &[]);
     let args = ["--async=all", "--sampler", "kernel", "-r", "100", "-d", "0.5"];
     let (p, stderr) = record_json(target.pid(), &args, &temp_dir("async-all-kernel"), &py.label);

@@ -9,17 +9,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{Interpreter, in_ci, interpreters, pyprof_bin, skipped};
-
-/// The interpreter labelled `label`; None (skipped, or a failure in CI) when absent.
-pub fn interpreter(label: &str) -> Option<Interpreter> {
-    let found = interpreters().into_iter().find(|i| i.label == label);
-    if found.is_none() {
-        assert!(!in_ci(), "{label} is needed (scripts/setup-fixtures.sh)");
-        skipped(&format!("{label} not available"));
-    }
-    found
-}
+pub use crate::common::interpreter;
+use crate::common::{in_ci, pyprof_bin, skipped};
 
 pub fn go_available() -> bool {
     let ok = Command::new("go").arg("version").output().is_ok_and(|o| o.status.success());

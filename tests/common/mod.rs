@@ -135,6 +135,16 @@ pub fn interpreters() -> Vec<Interpreter> {
     found
 }
 
+/// The interpreter labelled `label`; None (skipped, or a failure in CI) when absent.
+pub fn interpreter(label: &str) -> Option<Interpreter> {
+    let found = interpreters().into_iter().find(|i| i.label == label);
+    if found.is_none() {
+        assert!(!in_ci(), "{label} is needed (scripts/setup-fixtures.sh)");
+        skipped(&format!("{label} not available"));
+    }
+    found
+}
+
 pub fn scripts_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/scripts")
 }
