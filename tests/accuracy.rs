@@ -449,12 +449,17 @@ fn measure_short_callees(py: &Interpreter, pyspy: &Path, extra: &[&str]) -> Outc
             // target still got only 23-39 % of a CPU. Its shares are judged
             // by its own bound, and noise past it repeats the measurement.
             let least = if sampler_of(extra) == Some("kernel") { 0.2 } else { 0.5 };
+            let meta = &rec.profile.as_ref().unwrap().meta;
             assert!(
                 rec.samples as f64 >= least * expected,
-                "[{}] pyprof at {rate} Hz for {secs} s took {} samples over {:?} ticks, under {least} of {expected}: too few to compare",
+                "[{}] pyprof at {rate} Hz for {secs} s took {} samples over {:?} ticks, under {least} of {expected}: too few to compare \
+                 ({} late, longest hold {:.0} µs, errors {:?})",
                 py.label,
                 rec.samples,
-                rec.ticks
+                rec.ticks,
+                meta.late,
+                meta.sampling.paused_us_max,
+                meta.errors
             );
             let counts = rec.leaf_functions();
             rate_chunks.entry(rate).or_default().push(Chunk { at: middle(), shares: percent(&counts) });
