@@ -1,6 +1,8 @@
 //! Counting samples in bounded memory. Frames are interned once; a stack is
 //! interned as a slice of frame ids (thread first), so a repeated stack costs
-//! a hash lookup and no allocation.
+//! a hash lookup and no allocation; the same stack again on the same thread
+//! (one that has not run since its last tick: most threads of a wall-mode
+//! recording) costs a comparison of its frames and no lookup.
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -40,8 +42,14 @@ pub struct Aggregator {
     /// Per thread: its `--subprocesses` and `--threads` root frame ids,
     /// made once (the thread root again when the thread is renamed).
     roots: Vec<Roots>,
-    /// Key: [thread id, frame ids root first...].
-    stacks: HashMap<Box<[u32]>, u64>,
+    /// Key: [thread id, frame ids root first...] → its slot in `counts`.
+    stacks: HashMap<Box<[u32]>, u32>,
+    counts: Vec<u64>,
+    /// Per thread: the stack it was last counted under.
+    last: Vec<Option<Last>>,
+    /// Bumped whenever `keep` lets strings go: a [`Last`] of an older
+    /// generation may hold addresses that now belong to other strings.
+    generation: u32,
     key: Vec<u32>,
     /// Strings kept alive so the addresses in `py_ids` stay unique.
     keep: Vec<std::sync::Arc<str>>,
@@ -50,6 +58,17 @@ pub struct Aggregator {
     /// A lower cap than [`MAX_STACKS`] ([`Aggregator::with_max_stacks`]).
     max_stacks: Option<usize>,
 }
+
+/// A thread's last counted stack, as its sampled frames' shortcut keys
+/// (innermost first, as given to [`Aggregator::add`]).
+struct Last {
+    frames: Vec<FrameKey>,
+    slot: u32,
+    generation: u32,
+}
+
+/// A sampled frame's shared strings (by address) and its line as counted.
+type FrameKey = (usize, usize, i32);
 
 #[derive(Default)]
 struct Roots {
@@ -81,7 +100,7 @@ impl Aggregator {
 
     /// The frame id of a sampled frame; None if it has none yet and `new`
     /// is false (the stack table is full: no new frames either).
-    fn intern_py(&mut self, f: &PyFrame, new: bool) -> Option<u32> {
+    fn frame_key(&self, f: &PyFrame) -> FrameKey {
         // Native frames have no line; -2 also keeps their keys apart from Python's.
         let line = if f.is_native() {
             -2
@@ -90,7 +109,12 @@ impl Aggregator {
         } else {
             f.line
         };
-        let key = (f.function.as_ptr() as usize, f.file.as_ptr() as usize, line);
+        (f.function.as_ptr() as usize, f.file.as_ptr() as usize, line)
+    }
+
+    fn intern_py(&mut self, f: &PyFrame, new: bool) -> Option<u32> {
+        let key = self.frame_key(f);
+        let line = key.2;
         if let Some(&id) = self.py_ids.get(&key) {
             return Some(id);
         }
@@ -103,6 +127,7 @@ impl Aggregator {
         if self.py_ids.len() >= MAX_FRAME_SHORTCUTS {
             self.py_ids.clear();
             self.keep.clear();
+            self.generation = self.generation.wrapping_add(1);
         }
         self.keep.push(f.function.clone());
         self.keep.push(f.file.clone());
@@ -161,6 +186,11 @@ impl Aggregator {
     pub fn add(&mut self, pid: i32, command: &str, native_id: Option<u64>, name: Option<&str>, frames: &[PyFrame]) {
         self.samples += 1;
         let thread = self.thread_id(pid, native_id, name);
+        if let Some(slot) = self.repeated(thread, name, frames) {
+            self.counts[slot as usize] += 1;
+            return;
+        }
+        let generation = self.generation;
         let mut key = std::mem::take(&mut self.key);
         key.clear();
         key.push(thread);
@@ -176,16 +206,68 @@ impl Aggregator {
                 }
             }
         }
-        if let Some(c) = self.stacks.get_mut(key.as_slice()).filter(|_| known) {
-            *c += 1;
-        } else if room {
-            self.stacks.insert(key.clone().into_boxed_slice(), 1);
-        } else {
-            self.overflowed += 1;
-            let other = self.intern(Frame { function: "[other stacks]".into(), file: String::new(), line: None, kind: FrameKind::Python });
-            *self.stacks.entry(vec![thread, other].into_boxed_slice()).or_insert(0) += 1;
+        let found = if known { self.stacks.get(key.as_slice()).copied() } else { None };
+        let slot = match found {
+            Some(slot) => Some(slot),
+            None if room => {
+                let slot = self.counts.len() as u32;
+                self.counts.push(0);
+                self.stacks.insert(key.clone().into_boxed_slice(), slot);
+                Some(slot)
+            }
+            None => None,
+        };
+        match slot {
+            Some(slot) => {
+                self.counts[slot as usize] += 1;
+                self.remember(thread, frames, slot, generation);
+            }
+            None => {
+                self.overflowed += 1;
+                let other = self.intern(Frame { function: "[other stacks]".into(), file: String::new(), line: None, kind: FrameKind::Python });
+                let slot = match self.stacks.get(&[thread, other][..]) {
+                    Some(&slot) => slot,
+                    None => {
+                        let slot = self.counts.len() as u32;
+                        self.counts.push(0);
+                        self.stacks.insert(vec![thread, other].into_boxed_slice(), slot);
+                        slot
+                    }
+                };
+                self.counts[slot as usize] += 1;
+            }
         }
         self.key = key;
+    }
+
+    /// The slot of `thread`'s last stack if `frames` are that stack again,
+    /// under the same root frames. Addresses decide, as in the shortcut
+    /// from frames to ids: while the generation stands, the strings at
+    /// those addresses are kept alive and so are the ones that were counted.
+    fn repeated(&self, thread: u32, name: Option<&str>, frames: &[PyFrame]) -> Option<u32> {
+        let last = self.last.get(thread as usize)?.as_ref()?;
+        if last.generation != self.generation || last.frames.len() != frames.len() {
+            return None;
+        }
+        // A renamed thread gets a new root: the slow path makes it.
+        if self.opts.thread_roots && self.roots.get(thread as usize).and_then(|r| r.thread.as_ref()).is_none_or(|(_, named)| named.as_deref() != name) {
+            return None;
+        }
+        frames.iter().zip(&last.frames).all(|(f, k)| self.frame_key(f) == *k).then_some(last.slot)
+    }
+
+    /// `generation`: the one `add` began with; if a shortcut reset came
+    /// within it, this stack's first frames are no longer kept, and the
+    /// memory is stale at once.
+    fn remember(&mut self, thread: u32, frames: &[PyFrame], slot: u32, generation: u32) {
+        let i = thread as usize;
+        if self.last.len() <= i {
+            self.last.resize_with(i + 1, || None);
+        }
+        let mut keys = self.last[i].take().map(|l| l.frames).unwrap_or_default();
+        keys.clear();
+        keys.extend(frames.iter().map(|f| self.frame_key(f)));
+        self.last[i] = Some(Last { frames: keys, slot, generation });
     }
 
     fn thread_id(&mut self, pid: i32, native_id: Option<u64>, name: Option<&str>) -> u32 {
@@ -204,7 +286,9 @@ impl Aggregator {
     }
 
     pub fn into_profile(self, meta: Meta) -> Profile {
-        let mut stacks: Vec<Stack> = self.stacks.into_iter().map(|(k, count)| Stack { thread: k[0], frames: k[1..].to_vec(), count }).collect();
+        let counts = self.counts;
+        let mut stacks: Vec<Stack> =
+            self.stacks.into_iter().map(|(k, slot)| Stack { thread: k[0], frames: k[1..].to_vec(), count: counts[slot as usize] }).collect();
         // Deterministic output: heaviest first, then by content.
         stacks.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| (a.thread, &a.frames).cmp(&(b.thread, &b.frames))));
         Profile { meta, frames: self.frames, threads: self.threads, stacks }
@@ -242,5 +326,77 @@ mod tests {
         assert_eq!(p.stacks.len(), 1);
         assert_eq!(p.stacks[0].count, 2);
         assert_eq!(p.frames[p.stacks[0].frames[0] as usize].label(), "a (x.py)");
+    }
+
+    /// Counts by stack labels, root first (threads' alike stacks summed
+    /// when no thread root tells them apart).
+    fn counted(p: &Profile) -> std::collections::BTreeMap<Vec<String>, u64> {
+        let mut m = std::collections::BTreeMap::new();
+        for s in &p.stacks {
+            *m.entry(s.frames.iter().map(|&i| p.frames[i as usize].label()).collect()).or_insert(0) += s.count;
+        }
+        m
+    }
+
+    #[test]
+    fn a_repeated_stack_counts_as_a_new_one_would() {
+        // Shared strings, as a session hands them out: repeats take the shortcut.
+        let frames: Vec<PyFrame> = (0..4).map(|i| PyFrame::python(&format!("f{i}"), "x.py", i + 1)).collect();
+        let stacks: Vec<Vec<PyFrame>> =
+            vec![frames[..1].to_vec(), frames[..2].to_vec(), vec![frames[1].clone(), frames[0].clone()], frames[..4].to_vec(), vec![]];
+        let names = [Some("main"), Some("worker"), None];
+        for opts in
+            [AggregateOptions { thread_roots: true, process_roots: true, ..Default::default() }, AggregateOptions { by_function: true, ..Default::default() }]
+        {
+            let mut agg = Aggregator::new(opts);
+            let mut expected = std::collections::BTreeMap::<Vec<String>, u64>::new();
+            let mut seed = 7u64;
+            for _ in 0..2000 {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let r = seed >> 33;
+                // Mostly the same stack again, as an off-CPU thread's is.
+                let (tid, stack, name) = (r % 3, (r >> 2) % 5 * u64::from(r % 7 == 0), names[((r >> 5) % 3) as usize * usize::from(r % 11 == 0)]);
+                let stack = &stacks[stack as usize];
+                agg.add(1, "python", Some(tid), name, stack);
+                let mut labels = Vec::new();
+                if opts.process_roots {
+                    labels.push("process 1 (python)".to_string());
+                }
+                if opts.thread_roots {
+                    labels.push(match name {
+                        Some(n) => format!("thread {n} ({tid})"),
+                        None => format!("thread {tid}"),
+                    });
+                }
+                labels.extend(
+                    stack
+                        .iter()
+                        .rev()
+                        .map(|f| if opts.by_function { format!("{} ({})", f.function, f.file) } else { format!("{} ({}:{})", f.function, f.file, f.line) }),
+                );
+                *expected.entry(labels).or_insert(0) += 1;
+            }
+            assert_eq!(agg.samples, 2000);
+            assert_eq!(counted(&agg.into_profile(Profile::example().meta)), expected);
+        }
+    }
+
+    #[test]
+    fn a_shortcut_reset_forgets_the_stacks_remembered() {
+        // After a reset the strings of a remembered stack may be freed and
+        // their addresses given to others, so that stack must not be
+        // trusted by address: the slow path runs and makes its shortcut anew.
+        let mut agg = Aggregator::new(AggregateOptions::default());
+        let first = PyFrame::python("a", "x.py", 1);
+        agg.add(1, "python", Some(1), None, std::slice::from_ref(&first));
+        for i in 0..MAX_FRAME_SHORTCUTS {
+            agg.add(1, "python", Some(2), None, &[PyFrame::python(&format!("g{i}"), "y.py", 1)]);
+        }
+        let after_reset = agg.frame_shortcuts();
+        assert!(after_reset < MAX_FRAME_SHORTCUTS, "no reset: {after_reset} shortcuts");
+        agg.add(1, "python", Some(1), None, std::slice::from_ref(&first));
+        assert_eq!(agg.frame_shortcuts(), after_reset + 1, "the stack remembered before the reset was trusted");
+        let got = counted(&agg.into_profile(Profile::example().meta));
+        assert_eq!(got.get(&vec!["a (x.py:1)".to_string()]), Some(&2));
     }
 }
