@@ -98,8 +98,6 @@ impl Aggregator {
         id
     }
 
-    /// The frame id of a sampled frame; None if it has none yet and `new`
-    /// is false (the stack table is full: no new frames either).
     fn frame_key(&self, f: &PyFrame) -> FrameKey {
         // Native frames have no line; -2 also keeps their keys apart from Python's.
         let line = if f.is_native() {
@@ -112,6 +110,8 @@ impl Aggregator {
         (f.function.as_ptr() as usize, f.file.as_ptr() as usize, line)
     }
 
+    /// The frame id of a sampled frame; None if it has none yet and `new`
+    /// is false (the stack table is full: no new frames either).
     fn intern_py(&mut self, f: &PyFrame, new: bool) -> Option<u32> {
         let key = self.frame_key(f);
         let line = key.2;
@@ -206,15 +206,9 @@ impl Aggregator {
                 }
             }
         }
-        let found = if known { self.stacks.get(key.as_slice()).copied() } else { None };
-        let slot = match found {
+        let slot = match known.then(|| self.stacks.get(key.as_slice()).copied()).flatten() {
             Some(slot) => Some(slot),
-            None if room => {
-                let slot = self.counts.len() as u32;
-                self.counts.push(0);
-                self.stacks.insert(key.clone().into_boxed_slice(), slot);
-                Some(slot)
-            }
+            None if room => Some(self.new_slot(key.clone().into_boxed_slice())),
             None => None,
         };
         match slot {
@@ -227,17 +221,20 @@ impl Aggregator {
                 let other = self.intern(Frame { function: "[other stacks]".into(), file: String::new(), line: None, kind: FrameKind::Python });
                 let slot = match self.stacks.get(&[thread, other][..]) {
                     Some(&slot) => slot,
-                    None => {
-                        let slot = self.counts.len() as u32;
-                        self.counts.push(0);
-                        self.stacks.insert(vec![thread, other].into_boxed_slice(), slot);
-                        slot
-                    }
+                    None => self.new_slot(Box::new([thread, other])),
                 };
                 self.counts[slot as usize] += 1;
             }
         }
         self.key = key;
+    }
+
+    /// A count of 0 for a stack not seen before.
+    fn new_slot(&mut self, key: Box<[u32]>) -> u32 {
+        let slot = self.counts.len() as u32;
+        self.counts.push(0);
+        self.stacks.insert(key, slot);
+        slot
     }
 
     /// The slot of `thread`'s last stack if `frames` are that stack again,
