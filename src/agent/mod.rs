@@ -244,6 +244,7 @@ mod tests {
                 holds_gil: false,
                 on_cpu: false,
                 in_gc: false,
+                carried: None,
             });
         }
         let (a, b) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));

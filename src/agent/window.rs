@@ -161,11 +161,11 @@ impl Windows {
     pub fn add(&self, s: &Sample) {
         let mut inner = self.lock();
         for p in inner.pulls.iter_mut().filter(|p| p.pid.is_none_or(|pid| pid == s.pid)) {
-            p.agg.add(s.pid, s.command, s.native_id, s.name, s.frames);
+            p.agg.add_stack(s.pid, s.command, s.native_id, s.name, s.frames, s.carried);
         }
         if let Some(push) = inner.push.as_mut() {
             let agg = push.per_target.entry(s.pid).or_insert_with(|| Aggregator::with_max_stacks(options(), MAX_STACKS));
-            agg.add(s.pid, s.command, s.native_id, s.name, s.frames);
+            agg.add_stack(s.pid, s.command, s.native_id, s.name, s.frames, s.carried);
         }
     }
 
@@ -253,7 +253,7 @@ mod tests {
     }
 
     fn sample<'a>(pid: i32, frames: &'a [Frame]) -> Sample<'a> {
-        Sample { pid, command: "python app.py", native_id: Some(pid as u64), name: None, frames, holds_gil: false, on_cpu: false, in_gc: false }
+        Sample { pid, command: "python app.py", native_id: Some(pid as u64), name: None, frames, holds_gil: false, on_cpu: false, in_gc: false, carried: None }
     }
 
     #[test]

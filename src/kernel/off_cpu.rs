@@ -24,8 +24,11 @@
 //! recording each thread still gets one sample per period on average,
 //! split between the halves as its time was.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::counts::Counters;
 use crate::error::Result;
@@ -131,8 +134,9 @@ impl Ticks {
 
 /// One thread's sample from the user-space half.
 pub enum OffCpu<'a> {
-    /// Read while proven on no CPU throughout: its stack at the tick.
-    Stack(&'a ThreadStack),
+    /// Read while proven on no CPU throughout: its stack at the tick, and
+    /// the id it is carried under (`Sample::carried`).
+    Stack(&'a ThreadStack, u64),
     /// Proven off CPU before the read, but it ran before the read ended
     /// (or the read tore): counted under `[stack moved while read]`.
     Moved(&'a ThreadStack),
@@ -152,7 +156,7 @@ pub fn poll_switches() {
 pub fn proven_off(target: &KernelTarget, at: u64) -> Option<Proven> {
     crate::process::occupancy::with(|o| {
         // In tid order (`target.tids()` is sorted), for `Proven::index`.
-        let off: Vec<_> = target.tids().filter_map(|tid| o.off_cpu_since(tid as i32, at).map(|ins| (tid, ins, o.last_run(tid as i32)))).collect();
+        let off: Vec<_> = target.tids().filter_map(|tid| o.off_cpu_at(tid as i32, at).map(|(ins, run)| (tid, ins, run))).collect();
         Proven { generation: o.generation(), off }
     })
 }
@@ -236,8 +240,8 @@ pub type FromRecord<'a> = &'a mut dyn FnMut(&[u8], &Session) -> ThreadStack;
 #[derive(Default)]
 pub struct Carry {
     generation: u64,
-    /// Host tid → (switch-ins when read, its stack then).
-    stacks: HashMap<u32, (u32, ThreadStack)>,
+    /// Host tid → (switch-ins when read, its stack then, its id).
+    stacks: HashMap<u32, (u32, ThreadStack, u64)>,
     /// Ticks since the stacks of threads not proven off were let go.
     since_pruned: u32,
 }
@@ -248,6 +252,19 @@ pub struct Carry {
 /// at every tick was the agent's busiest map walk (16 one-thread targets,
 /// 100 ticks a second).
 const PRUNE_EVERY: u32 = 64;
+
+/// Ids of carried stacks, one per stack kept: unique across every target
+/// of this process, so that no sink takes one target's for another's.
+static CARRIED_IDS: AtomicU64 = AtomicU64::new(1);
+
+impl Carry {
+    /// Keep `t` as `tid`'s stack while it has `ins` switch-ins; its new id.
+    fn keep(&mut self, tid: u32, ins: u32, t: ThreadStack) -> (&ThreadStack, u64) {
+        let id = CARRIED_IDS.fetch_add(1, Ordering::Relaxed);
+        let kept = self.stacks.entry(tid).insert_entry((ins, t, id)).into_mut();
+        (&kept.1, id)
+    }
+}
 
 /// Hand `emit` each thread of `proven` (proven off CPU before the read) as
 /// an exact stack or a moved one: carried over (see [`Carry`]), from the
@@ -280,9 +297,9 @@ pub fn read(
     let mut fresh: Vec<u64> = Vec::new();
     // The carried ones first: those read below are not in `stacks` yet.
     for &(tid, ins, run) in off {
-        if let Some((_, t)) = carry.stacks.get(&tid).filter(|c| c.0 == ins) {
+        if let Some((_, t, id)) = carry.stacks.get(&tid).filter(|c| c.0 == ins) {
             counts.carried += 1;
-            emit(OffCpu::Stack(t));
+            emit(OffCpu::Stack(t, *id));
             continue;
         }
         // Its run's end was recorded: that is its stack since, whatever it holds.
@@ -293,8 +310,8 @@ pub fn read(
                 if t.torn {
                     emit(OffCpu::Moved(&t));
                 } else {
-                    emit(OffCpu::Stack(&t));
-                    carry.stacks.insert(tid, (ins, t));
+                    let (t, id) = carry.keep(tid, ins, t);
+                    emit(OffCpu::Stack(t, id));
                 }
                 continue;
             }
@@ -337,8 +354,8 @@ pub fn read(
                     t.frames.insert(0, f);
                 }
             }
-            carry.stacks.insert(off[i].0, (off[i].1, t.clone()));
-            emit(OffCpu::Stack(t));
+            let (t, id) = carry.keep(off[i].0, off[i].1, t.clone());
+            emit(OffCpu::Stack(t, id));
         }
     }
     session.recycle(taken.threads);

@@ -4,7 +4,7 @@
 //! definition; `--mode gil`: kept when the GIL words captured with it name
 //! its thread state as holder).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -141,7 +141,7 @@ impl Proc {
         Ok(Proc {
             target,
             command,
-            names: HashMap::new(),
+            names: HashMap::default(),
             session: si,
             locked_shift,
             carry: off_cpu::Carry::default(),
@@ -255,7 +255,7 @@ pub fn run(
     progress: &mut dyn Progress,
     mut discover: Option<&mut dyn Discover>,
 ) -> Result<(SamplerStats, StopReason, KernelStats), Error> {
-    let mut procs: HashMap<u32, Proc> = HashMap::new();
+    let mut procs: HashMap<u32, Proc> = HashMap::default();
     for (si, s) in sessions.iter().enumerate() {
         procs.insert(s.pid() as u32, Proc::new(k, s, si)?);
     }
@@ -282,7 +282,7 @@ pub fn run(
     let mut stats = SamplerStats::default();
     crate::sampler::note_gc_frames(sessions, &mut stats);
     let mut ks = KernelStats::default();
-    let mut per_thread: HashMap<u32, u64> = HashMap::new();
+    let mut per_thread: HashMap<u32, u64> = HashMap::default();
     // Not for the agent: over a host's processes coming and going, one
     // entry per thread ever seen would grow without bound.
     let count_threads = !cfg.run_without_targets;
@@ -367,11 +367,11 @@ pub fn run(
                 let read = off_cpu::read(&mut sessions[p.session], &off, wall_needs, carry, switched, native.map(|n| (n, &*k)), &mut |o| {
                     // `<GC>` is on a stack that stands (the session put it
                     // there), never on a torn one.
-                    let (t, frames, in_gc) = match o {
-                        OffCpu::Stack(t) => (t, &t.frames[..], t.in_gc && gc_frames),
+                    let (t, frames, in_gc, carried) = match o {
+                        OffCpu::Stack(t, id) => (t, &t.frames[..], t.in_gc && gc_frames, Some(id)),
                         OffCpu::Moved(t) => {
                             ks.counts.off_cpu_moved += 1;
-                            (t, std::slice::from_ref(&torn), false)
+                            (t, std::slice::from_ref(&torn), false, None)
                         }
                     };
                     if frames.is_empty() && !cfg.include_empty {
@@ -388,7 +388,17 @@ pub fn run(
                         *per_thread.entry(tid).or_insert(0) += 1;
                     }
                     stats.samples += 1;
-                    sink.add(&Sample { pid, command, native_id: t.native_id, name: name.as_deref(), frames, holds_gil: t.holds_gil, on_cpu: false, in_gc });
+                    sink.add(&Sample {
+                        pid,
+                        command,
+                        native_id: t.native_id,
+                        name: name.as_deref(),
+                        frames,
+                        holds_gil: t.holds_gil,
+                        on_cpu: false,
+                        in_gc,
+                        carried,
+                    });
                 });
                 match read {
                     Ok(c) => stats.counts += c,
@@ -508,6 +518,7 @@ pub fn run(
                 holds_gil: gil,
                 on_cpu: true,
                 in_gc: gc_frame.is_some(),
+                carried: None,
             });
         };
         if k.switch_records() {

@@ -2,7 +2,7 @@
 //! program's TARGETS map, its tids in THREADS (from the thread list read
 //! live, as every sampler reads it), and its [`Converter`].
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::time::{Duration, Instant};
 
 use crate::attach::Attached;
@@ -80,9 +80,9 @@ impl KernelTarget {
             converter,
             native: k.native().map(|o| KernelNative::new(a, o)),
             tasks,
-            tids: HashMap::new(),
+            tids: HashMap::default(),
             sorted: Vec::new(),
-            idents: HashMap::new(),
+            idents: HashMap::default(),
             py_names: NameCache::default(),
             list: ThreadList::default(),
             states: Vec::new(),
@@ -143,7 +143,7 @@ impl KernelTarget {
         }
         self.py_names.refresh(&a.mem, o, self.states.iter().map(|t| (t.interp, t.thread_id)), false);
         self.idents.clear();
-        let mut now: HashMap<u32, u64> = HashMap::with_capacity(self.states.len());
+        let mut now: HashMap<u32, u64> = HashMap::with_capacity_and_hasher(self.states.len(), Default::default());
         for ts in &self.states {
             let tid = ts.native_id.or_else(|| self.pthread_tid.and_then(|off| a.mem.read_u32(ts.thread_id + off).ok().map(u64::from)));
             // The program sees the host's ids; the thread state holds the

@@ -81,6 +81,10 @@ impl Seen {
     fn fresh(generation: u64) -> Seen {
         Seen { ins: (generation as u32).wrapping_shl(16), ..Seen::default() }
     }
+
+    fn last_run(&self) -> Option<(u64, u64)> {
+        (self.off && !self.exited && self.in_time != 0 && self.time > self.in_time).then_some((self.in_time, self.time))
+    }
 }
 
 // SAFETY: the rings are owned mappings of this value only; nothing else
@@ -205,17 +209,22 @@ impl Occupancy {
     /// `tid` is proven on no CPU as of the last [`poll`](Self::poll): its
     /// switch-in count for [`ran_before`](Self::ran_before). None when not proven.
     pub fn off_cpu(&mut self, tid: i32) -> Option<u32> {
-        if self.threads.get(&tid).is_some_and(|s| s.exited) {
-            return None;
-        }
-        let own = self.threads.get(&tid).is_some_and(|s| s.off);
-        if own || self.current.iter().all(|c| c.is_some_and(|t| t != tid)) {
+        // One lookup for a thread known: wall mode asks this of every
+        // thread at every tick (1,000 blocked threads, 1,000 ticks a second).
+        match self.threads.get(&tid) {
+            Some(s) if s.exited => None,
+            Some(s) => (s.off || self.runs_nowhere(tid)).then_some(s.ins),
             // Remembered from here on, so that a switch-in counts.
-            let generation = self.generation;
-            let seen = *self.threads.entry(tid).or_insert_with(|| Seen::fresh(generation));
-            return Some(seen.ins);
+            None => self.runs_nowhere(tid).then(|| {
+                let generation = self.generation;
+                self.threads.entry(tid).or_insert_with(|| Seen::fresh(generation)).ins
+            }),
         }
-        None
+    }
+
+    /// Every CPU's current task is known and none is `tid`.
+    fn runs_nowhere(&self, tid: i32) -> bool {
+        self.current.iter().all(|c| c.is_some_and(|t| t != tid))
     }
 
     /// [`off_cpu`](Self::off_cpu), and off since `t` or before: its own
@@ -223,17 +232,24 @@ impl Occupancy {
     /// since the rings opened. A thread that left its CPU after `t` (to
     /// the very tracer that woke at `t` to look, say) was on it at `t`.
     pub fn off_cpu_since(&mut self, tid: i32, t: u64) -> Option<u32> {
+        self.off_cpu_at(tid, t).map(|(ins, _)| ins)
+    }
+
+    /// [`off_cpu_since`](Self::off_cpu_since) with its
+    /// [`last_run`](Self::last_run), from one lookup where the thread is known.
+    pub fn off_cpu_at(&mut self, tid: i32, t: u64) -> Option<(u32, Option<(u64, u64)>)> {
         match self.threads.get(&tid) {
-            Some(s) if s.time != 0 => (s.off && s.time <= t).then_some(s.ins),
-            _ => self.off_cpu(tid),
+            Some(s) if s.time != 0 => (s.off && s.time <= t).then(|| (s.ins, s.last_run())),
+            Some(s) if s.exited => None,
+            Some(s) => (s.off || self.runs_nowhere(tid)).then(|| (s.ins, s.last_run())),
+            None => self.off_cpu(tid).map(|ins| (ins, None)),
         }
     }
 
     /// The last run of `tid`, off CPU since it ended, as of the last poll:
     /// (its switch-in, the switch-out that ended it), both recorded.
     pub fn last_run(&self, tid: i32) -> Option<(u64, u64)> {
-        let s = self.threads.get(&tid)?;
-        (s.off && !s.exited && s.in_time != 0 && s.time > s.in_time).then_some((s.in_time, s.time))
+        self.threads.get(&tid)?.last_run()
     }
 
     /// Switch-in counts ([`Self::off_cpu`]) compare only within one

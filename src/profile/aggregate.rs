@@ -65,6 +65,8 @@ struct Last {
     frames: Vec<FrameKey>,
     slot: u32,
     generation: u32,
+    /// The sampler's id of these frames, if it gave one.
+    carried: Option<u64>,
 }
 
 /// A sampled frame's shared strings (by address) and its line as counted.
@@ -184,9 +186,20 @@ impl Aggregator {
 
     /// Count one sample of one thread. `frames` is innermost first, as walked.
     pub fn add(&mut self, pid: i32, command: &str, native_id: Option<u64>, name: Option<&str>, frames: &[PyFrame]) {
+        self.add_stack(pid, command, native_id, name, frames, None);
+    }
+
+    /// [`add`](Self::add), with the sampler's id of these frames if it gave
+    /// one (`Sample::carried`): a thread's stack with the id of its last is
+    /// counted without its frames being read, which were most of the cost
+    /// of a carried stack (a cache miss each).
+    pub fn add_stack(&mut self, pid: i32, command: &str, native_id: Option<u64>, name: Option<&str>, frames: &[PyFrame], carried: Option<u64>) {
         self.samples += 1;
         let thread = self.thread_id(pid, native_id, name);
-        if let Some(slot) = self.repeated(thread, name, frames) {
+        if let Some(slot) = self.repeated(thread, name, frames, carried) {
+            if let Some(Some(last)) = carried.and_then(|_| self.last.get_mut(thread as usize)) {
+                last.carried = carried;
+            }
             self.counts[slot as usize] += 1;
             return;
         }
@@ -214,7 +227,7 @@ impl Aggregator {
         match slot {
             Some(slot) => {
                 self.counts[slot as usize] += 1;
-                self.remember(thread, frames, slot, generation);
+                self.remember(thread, frames, slot, generation, carried);
             }
             None => {
                 self.overflowed += 1;
@@ -241,7 +254,7 @@ impl Aggregator {
     /// under the same root frames. Addresses decide, as in the shortcut
     /// from frames to ids: while the generation stands, the strings at
     /// those addresses are kept alive and so are the ones that were counted.
-    fn repeated(&self, thread: u32, name: Option<&str>, frames: &[PyFrame]) -> Option<u32> {
+    fn repeated(&self, thread: u32, name: Option<&str>, frames: &[PyFrame], carried: Option<u64>) -> Option<u32> {
         let last = self.last.get(thread as usize)?.as_ref()?;
         if last.generation != self.generation || last.frames.len() != frames.len() {
             return None;
@@ -250,13 +263,16 @@ impl Aggregator {
         if self.opts.thread_roots && self.roots.get(thread as usize).and_then(|r| r.thread.as_ref()).is_none_or(|(_, named)| named.as_deref() != name) {
             return None;
         }
+        if carried.is_some() && carried == last.carried {
+            return Some(last.slot);
+        }
         frames.iter().zip(&last.frames).all(|(f, k)| self.frame_key(f) == *k).then_some(last.slot)
     }
 
     /// `generation`: the one `add` began with; if a shortcut reset came
     /// within it, this stack's first frames are no longer kept, and the
     /// memory is stale at once.
-    fn remember(&mut self, thread: u32, frames: &[PyFrame], slot: u32, generation: u32) {
+    fn remember(&mut self, thread: u32, frames: &[PyFrame], slot: u32, generation: u32, carried: Option<u64>) {
         let i = thread as usize;
         if self.last.len() <= i {
             self.last.resize_with(i + 1, || None);
@@ -264,7 +280,7 @@ impl Aggregator {
         let mut keys = self.last[i].take().map(|l| l.frames).unwrap_or_default();
         keys.clear();
         keys.extend(frames.iter().map(|f| self.frame_key(f)));
-        self.last[i] = Some(Last { frames: keys, slot, generation });
+        self.last[i] = Some(Last { frames: keys, slot, generation, carried });
     }
 
     fn thread_id(&mut self, pid: i32, native_id: Option<u64>, name: Option<&str>) -> u32 {
@@ -348,13 +364,31 @@ mod tests {
             let mut agg = Aggregator::new(opts);
             let mut expected = std::collections::BTreeMap::<Vec<String>, u64>::new();
             let mut seed = 7u64;
+            // Per thread: the stack carried and its id, as the kernel
+            // sampler's wall mode gives them (a new id for each stack kept).
+            let mut carried: [Option<(u64, u64)>; 3] = [None; 3];
+            let mut next_id = 1;
             for _ in 0..2000 {
                 seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 let r = seed >> 33;
                 // Mostly the same stack again, as an off-CPU thread's is.
-                let (tid, stack, name) = (r % 3, (r >> 2) % 5 * u64::from(r % 7 == 0), names[((r >> 5) % 3) as usize * usize::from(r % 11 == 0)]);
-                let stack = &stacks[stack as usize];
-                agg.add(1, "python", Some(tid), name, stack);
+                let (tid, index, name) = (r % 3, (r >> 2) % 5 * u64::from(r % 7 == 0), names[((r >> 5) % 3) as usize * usize::from(r % 11 == 0)]);
+                let stack = &stacks[index as usize];
+                let id = match (r >> 8) % 4 {
+                    // Read on CPU: no id.
+                    0 => None,
+                    // Kept anew.
+                    1 => {
+                        next_id += 1;
+                        carried[tid as usize] = Some((index, next_id));
+                        Some(next_id)
+                    }
+                    _ => match carried[tid as usize] {
+                        Some((kept, id)) if kept == index => Some(id),
+                        _ => None,
+                    },
+                };
+                agg.add_stack(1, "python", Some(tid), name, stack, id);
                 let mut labels = Vec::new();
                 if opts.process_roots {
                     labels.push("process 1 (python)".to_string());
@@ -385,13 +419,14 @@ mod tests {
         // trusted by address: the slow path runs and makes its shortcut anew.
         let mut agg = Aggregator::new(AggregateOptions::default());
         let first = PyFrame::python("a", "x.py", 1);
-        agg.add(1, "python", Some(1), None, std::slice::from_ref(&first));
+        // Carried under one id throughout: the id is no more trusted than the addresses.
+        agg.add_stack(1, "python", Some(1), None, std::slice::from_ref(&first), Some(9));
         for i in 0..MAX_FRAME_SHORTCUTS {
             agg.add(1, "python", Some(2), None, &[PyFrame::python(&format!("g{i}"), "y.py", 1)]);
         }
         let after_reset = agg.frame_shortcuts();
         assert!(after_reset < MAX_FRAME_SHORTCUTS, "no reset: {after_reset} shortcuts");
-        agg.add(1, "python", Some(1), None, std::slice::from_ref(&first));
+        agg.add_stack(1, "python", Some(1), None, std::slice::from_ref(&first), Some(9));
         assert_eq!(agg.frame_shortcuts(), after_reset + 1, "the stack remembered before the reset was trusted");
         let got = counted(&agg.into_profile(Profile::example().meta));
         assert_eq!(got.get(&vec!["a (x.py:1)".to_string()]), Some(&2));

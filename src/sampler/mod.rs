@@ -195,11 +195,25 @@ pub struct Sample<'a> {
     /// Read only in `--mode cpu`: per thread and per tick it costs a `/proc` read.
     pub on_cpu: bool,
     pub in_gc: bool,
+    /// The sampler's id of `frames`, unique in this pyprof process, where
+    /// it carried a stack over: a sample of this thread with the same id
+    /// has the same frames, so a sink may count it without reading them.
+    pub carried: Option<u64>,
 }
 
 impl<'a> Sample<'a> {
     fn of(pid: i32, command: &'a str, t: &'a crate::stack::ThreadStack, frames: &'a [Frame], gc_frames: bool) -> Sample<'a> {
-        Sample { pid, command, native_id: t.native_id, name: t.name.as_deref(), frames, holds_gil: t.holds_gil, on_cpu: t.on_cpu, in_gc: t.in_gc && gc_frames }
+        Sample {
+            pid,
+            command,
+            native_id: t.native_id,
+            name: t.name.as_deref(),
+            frames,
+            holds_gil: t.holds_gil,
+            on_cpu: t.on_cpu,
+            in_gc: t.in_gc && gc_frames,
+            carried: None,
+        }
     }
 }
 
@@ -223,7 +237,7 @@ pub trait Sink {
 
 impl Sink for Aggregator {
     fn add(&mut self, s: &Sample) {
-        Aggregator::add(self, s.pid, s.command, s.native_id, s.name, s.frames);
+        self.add_stack(s.pid, s.command, s.native_id, s.name, s.frames, s.carried);
     }
 }
 

@@ -87,7 +87,7 @@ impl Feed {
 impl Sink for Feed {
     fn add(&mut self, s: &Sample) {
         if let Some(full) = self.full.as_mut() {
-            full.add(s.pid, s.command, s.native_id, s.name, s.frames);
+            full.add_stack(s.pid, s.command, s.native_id, s.name, s.frames, s.carried);
         }
         let key = (s.pid, s.native_id.unwrap_or(0));
         let i = match self.index.get(&key) {
@@ -140,7 +140,7 @@ mod tests {
     use super::*;
 
     fn sample(frames: &[Frame], gil: bool) -> Sample<'_> {
-        Sample { pid: 1, command: "python", native_id: Some(7), name: Some("main"), frames, holds_gil: gil, on_cpu: false, in_gc: false }
+        Sample { pid: 1, command: "python", native_id: Some(7), name: Some("main"), frames, holds_gil: gil, on_cpu: false, in_gc: false, carried: None }
     }
 
     fn stats(ticks: u64) -> SamplerStats {
