@@ -24,14 +24,6 @@ use std::path::{Path, PathBuf};
 use common::*;
 use pyprof::profile::model::{FrameKind, Profile};
 
-fn interpreter(label: &str) -> Option<Interpreter> {
-    let found = interpreters().into_iter().find(|i| i.label == label);
-    if found.is_none() {
-        skipped(&format!("{label} not available"));
-    }
-    found
-}
-
 fn run_ok(args: &[&str]) -> String {
     let out = pyprof(args);
     assert!(out.status.success(), "pyprof {args:?}: {}", String::from_utf8_lossy(&out.stderr));
