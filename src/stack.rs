@@ -85,6 +85,20 @@ pub struct ThreadStack {
     /// session asked for it (`--mode exception`).
     pub in_exception: bool,
     pub frames: Vec<Frame>,
+    /// Set while a snapshot carries this stack over unread (its thread
+    /// proven not to have run): the id of these very frames, from
+    /// [`new_carry_id`]. Cleared whenever the frames are walked again.
+    pub carry_id: Option<u64>,
+}
+
+/// Ids of carried stacks (`Sample::carried`): unique across every target
+/// and sampler of this process, so that no sink takes one thread's frames
+/// for another's.
+static CARRY_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A new id for a stack carried over.
+pub fn new_carry_id() -> u64 {
+    CARRY_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The Python frames one call of the interpreter's eval loop is running:

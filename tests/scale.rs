@@ -83,22 +83,27 @@ fn three_hundred_threads_every_one_in_nearly_every_tick() {
 /// and moves from first_wait to second_wait. Its stack is carried over
 /// between samples only while the GIL's switch counter proves it did not
 /// run: if that proof were wrong, it would stay in first_wait for good.
+/// Both samplers: each carries stacks its own way, and counts a carried
+/// one by its id (`Sample::carried`), which a walk must give up.
 #[test]
 fn a_blocked_thread_that_wakes_is_seen_to_move() {
     let _serial = heavy();
     for_each_interpreter(|py| {
-        let target = py.spawn("wake_once.py", &["0.8"]);
-        let (p, ticks) = record(&py.label, target.pid(), &["-r", "1k", "-d", "2"]);
-        let first = per_thread(&p, "first_wait").values().map(|t| t.1).sum::<u64>();
-        let second = per_thread(&p, "second_wait").values().map(|t| t.1).sum::<u64>();
-        // Between the two waits it is in neither for a few ticks: woken, it
-        // waits for the GIL the spinner holds (5 ms switch interval, longer
-        // on a loaded machine: 8 ticks of 1,992 in one CI run), and a read
-        // that races its moves counts as moved. Stuck in first_wait for good
-        // would be the bug; 1 % of the ticks is room for the wake alone.
-        assert!(first + second + 5 + ticks / 100 >= ticks, "the sleeper in first_wait {first} and second_wait {second} times in {ticks} ticks");
-        // It left first_wait 0.8 s after it started, before or a little
-        // after the recording did: at least 1.2 s of 2 are second_wait.
-        assert!(second as f64 >= 0.55 * ticks as f64, "second_wait in {second} of {ticks} ticks, first_wait in {first}");
+        for sampler in ["auto", "ptrace"] {
+            let label = format!("{} --sampler {sampler}", py.label);
+            let target = py.spawn("wake_once.py", &["0.8"]);
+            let (p, ticks) = record(&label, target.pid(), &["-r", "1k", "-d", "2", "--sampler", sampler]);
+            let first = per_thread(&p, "first_wait").values().map(|t| t.1).sum::<u64>();
+            let second = per_thread(&p, "second_wait").values().map(|t| t.1).sum::<u64>();
+            // Between the two waits it is in neither for a few ticks: woken, it
+            // waits for the GIL the spinner holds (5 ms switch interval, longer
+            // on a loaded machine: 8 ticks of 1,992 in one CI run), and a read
+            // that races its moves counts as moved. Stuck in first_wait for good
+            // would be the bug; 1 % of the ticks is room for the wake alone.
+            assert!(first + second + 5 + ticks / 100 >= ticks, "{label}: the sleeper in first_wait {first} and second_wait {second} times in {ticks} ticks");
+            // It left first_wait 0.8 s after it started, before or a little
+            // after the recording did: at least 1.2 s of 2 are second_wait.
+            assert!(second as f64 >= 0.55 * ticks as f64, "{label}: second_wait in {second} of {ticks} ticks, first_wait in {first}");
+        }
     });
 }

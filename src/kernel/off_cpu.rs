@@ -25,7 +25,6 @@
 //! split between the halves as its time was.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rustc_hash::FxHashMap as HashMap;
@@ -253,14 +252,10 @@ pub struct Carry {
 /// 100 ticks a second).
 const PRUNE_EVERY: u32 = 64;
 
-/// Ids of carried stacks, one per stack kept: unique across every target
-/// of this process, so that no sink takes one target's for another's.
-static CARRIED_IDS: AtomicU64 = AtomicU64::new(1);
-
 impl Carry {
     /// Keep `t` as `tid`'s stack while it has `ins` switch-ins; its new id.
     fn keep(&mut self, tid: u32, ins: u32, t: ThreadStack) -> (&ThreadStack, u64) {
-        let id = CARRIED_IDS.fetch_add(1, Ordering::Relaxed);
+        let id = crate::stack::new_carry_id();
         let kept = self.stacks.entry(tid).insert_entry((ins, t, id)).into_mut();
         (&kept.1, id)
     }

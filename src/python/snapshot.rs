@@ -696,6 +696,7 @@ impl Snapshotter {
                 // stack in this very slot: nothing to read.
                 slot.holds_gil = holder == Some(ts.addr);
                 slot.in_gc = false;
+                slot.carry_id.get_or_insert_with(crate::stack::new_carry_id);
                 self.counts.carried += 1;
                 out.push(slot);
                 self.carried.push(true);
@@ -718,6 +719,7 @@ impl Snapshotter {
             // A walk that fails a check or runs into garbage was torn by a
             // moving target: that thread is marked, the others stand.
             slot.torn = false;
+            slot.carry_id = None;
             match self.walker.walk(&ctx, &mut self.codes, ts.frame, &mut slot.frames) {
                 Ok(()) => {}
                 Err(e) if e.is_transient() => {

@@ -424,7 +424,7 @@ pub fn run(
                             if t.in_gc && s.gc_frames() {
                                 *stats.gc_samples.get_or_insert(0) += 1;
                             }
-                            sink.add(&Sample::of(pid, cmd, t, &t.frames, gc_frames));
+                            sink.add(&Sample { carried: t.carry_id, ..Sample::of(pid, cmd, t, &t.frames, gc_frames) });
                         }
                     }
                     s.recycle(threads);
