@@ -353,6 +353,7 @@ impl Snapshotter {
                     if let Some(t) = threads.get_mut(i) {
                         t.torn = true;
                         t.frames.clear();
+                        t.carry_id = None;
                     }
                 }
             }
