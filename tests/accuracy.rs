@@ -349,8 +349,9 @@ fn paired_difference(ours: &[Chunk], spy: &[Chunk], f: &str) -> (f64, f64) {
 enum Outcome {
     Within(String),
     Beyond(String),
-    /// The reference did not hold still while it was recorded, so the
-    /// measurement says nothing about pyprof (it is not judged).
+    /// The reference did not hold still while it was recorded, or a stall
+    /// left too few samples to compare, so the measurement says nothing
+    /// about pyprof's shares (it is not judged).
     Unsteady(String),
 }
 
@@ -365,7 +366,7 @@ const UNSTEADY_TRIES: usize = 5;
 /// this replaced was 4-18 pp off on the short callees) fails both. An
 /// unsteady measurement is repeated too (up to [`UNSTEADY_TRIES`] times:
 /// on some days this VM's host makes the 3.12 workload's own split wander
-/// 6-8 pp between 5 s recordings for minutes); after that the case is skipped
+/// 6-8 pp between 5 s recordings for minutes, or stalls a recording); after that the case is skipped
 /// on a developer machine (said on stderr and counted by scripts/test.sh)
 /// and fails in CI.
 fn judged(test: &str, measure: impl Fn() -> Outcome) {
@@ -383,13 +384,13 @@ fn judged(test: &str, measure: impl Fn() -> Outcome) {
                 assert!(beyond.len() < 2, "{}\nand again, on a fresh target:\n{}", beyond[0], beyond[1]);
             }
             Outcome::Unsteady(numbers) => {
-                eprintln!("accuracy: {test} reference unsteady, not judged: {numbers}");
+                eprintln!("accuracy: {test} unsteady, not judged: {numbers}");
                 unsteady.push(numbers);
                 if unsteady.len() == UNSTEADY_TRIES {
                     // Nothing else runs next to this test in CI (it holds
                     // `heavy`, and cargo runs one test binary at a time):
                     // there an unsteady workload is a fault of the set-up.
-                    let msg = format!("{test}: the reference never held still in {UNSTEADY_TRIES} tries (is the machine busy?):\n{}", unsteady.join("\n"));
+                    let msg = format!("{test}: the measurement never held still in {UNSTEADY_TRIES} tries (is the machine busy?):\n{}", unsteady.join("\n"));
                     if in_ci() {
                         panic!("{msg}");
                     }
@@ -450,17 +451,18 @@ fn measure_short_callees(py: &Interpreter, pyspy: &Path, extra: &[&str]) -> Outc
             // by its own bound, and noise past it repeats the measurement.
             let least = if sampler_of(extra) == Some("kernel") { 0.2 } else { 0.5 };
             let meta = &rec.profile.as_ref().unwrap().meta;
-            assert!(
-                rec.samples as f64 >= least * expected,
-                "[{}] pyprof at {rate} Hz for {secs} s took {} samples over {:?} ticks, under {least} of {expected}: too few to compare \
-                 ({} late, longest hold {:.0} µs, errors {:?})",
-                py.label,
-                rec.samples,
-                rec.ticks,
-                meta.late,
-                meta.sampling.paused_us_max,
-                meta.errors
-            );
+            // Too few is a stall of the machine or of the sampler (CI,
+            // 2026-12-03: the VM's host stole 13 % of its CPU time, and one
+            // 0.4 s recording skipped 3,051 of 4,000 ticks): not judged, and
+            // measured again on a fresh target. A sampler that always falls
+            // behind fails every try, and so the test in CI.
+            if (rec.samples as f64) < least * expected {
+                return Outcome::Unsteady(format!(
+                    "[{}] pyprof at {rate} Hz for {secs} s took {} samples over {:?} ticks, under {least} of {expected}: too few to compare \
+                     ({} late, longest hold {:.0} µs, errors {:?})",
+                    py.label, rec.samples, rec.ticks, meta.late, meta.sampling.paused_us_max, meta.errors
+                ));
+            }
             let counts = rec.leaf_functions();
             rate_chunks.entry(rate).or_default().push(Chunk { at: middle(), shares: percent(&counts) });
             add_counts(rates.entry(rate).or_default(), &counts);
