@@ -4,6 +4,7 @@
 //! another's internals for them.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -94,11 +95,11 @@ pub struct ThreadStack {
 /// Ids of carried stacks (`Sample::carried`): unique across every target
 /// and sampler of this process, so that no sink takes one thread's frames
 /// for another's.
-static CARRY_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+static CARRY_IDS: AtomicU64 = AtomicU64::new(1);
 
 /// A new id for a stack carried over.
 pub fn new_carry_id() -> u64 {
-    CARRY_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    CARRY_IDS.fetch_add(1, Ordering::Relaxed)
 }
 
 /// The Python frames one call of the interpreter's eval loop is running:
