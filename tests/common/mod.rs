@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
+pub mod judge;
 mod watchdog;
 
 pub fn cache_dir() -> PathBuf {
