@@ -163,7 +163,7 @@ fn dump_shows_gc_and_no_gc_leaves_it_out() {
 fn exception_mode_keeps_only_handlers() {
     let _serial = heavy();
     let lines = (line_of("exc_handling.py", "RAISE LINE"), line_of("exc_handling.py", "HANDLER END LINE"));
-    for_each_interpreter(|py| judged(&format!("exception_mode {}", py.label), || measure_handler_share(py, lines)));
+    for_each_interpreter(|py| judged("exception_mode", || measure_handler_share(py, lines)));
 }
 
 /// One recording of exc_handling.py under `--mode exception`: what it kept

@@ -15,7 +15,7 @@ pub enum Outcome {
 }
 
 /// Unsteady references measured before a case counts as not measurable.
-pub const UNSTEADY_TRIES: usize = 5;
+const UNSTEADY_TRIES: usize = 5;
 
 /// Run `measure` until it is judged. The bounds are statistical (samples
 /// are a few standard errors from them at worst), so a measurement beyond
