@@ -72,6 +72,55 @@ struct Seen {
     /// from zero, and a thread that ran and exited seemed never to have run
     /// (a unit test, under a loaded CI run).
     exited: bool,
+    /// Its latest switches, for where it stood at an instant already past.
+    recent: Recent,
+}
+
+/// Switches kept per thread: four runs, more than a thread makes in a
+/// catch-up's span (`kernel::off_cpu::Ticks`) unless it blocks every 12 ms.
+const RECENT: usize = 8;
+
+/// A thread's latest switches, oldest first: (time, a switch-out).
+/// Inserted in time order, as a thread's records come from the ring of
+/// every CPU it ran on, read one after another. Complete from the oldest
+/// kept up to the start of the last poll: a ring read later in a poll has
+/// switches after the start, never a missing one before it.
+#[derive(Clone, Copy, Default)]
+struct Recent {
+    at: [(u64, bool); RECENT],
+    len: u8,
+}
+
+impl Recent {
+    fn insert(&mut self, time: u64, out: bool) {
+        let len = self.len as usize;
+        let pos = self.at[..len].partition_point(|&(t, _)| t <= time);
+        if len == RECENT {
+            if pos == 0 {
+                return;
+            }
+            // The oldest goes.
+            self.at.copy_within(1..pos, 0);
+            self.at[pos - 1] = (time, out);
+        } else {
+            self.at.copy_within(pos..len, pos + 1);
+            self.at[pos] = (time, out);
+            self.len += 1;
+        }
+    }
+
+    /// If the thread was on no CPU at `t` in a spell that a switch-in
+    /// after `t` has ended: the run whose switch-out began the spell
+    /// (its switch-in and switch-out), None when that run's switch-in is
+    /// no longer kept. Nothing when it ran at `t`, is still in that spell,
+    /// or `t` is older than what is kept.
+    fn off_spell_ended(&self, t: u64) -> Option<Option<(u64, u64)>> {
+        let at = &self.at[..self.len as usize];
+        let j = at.partition_point(|&(time, _)| time <= t).checked_sub(1)?;
+        let (out_time, out) = at[j];
+        let ended = at.get(j + 1).is_some_and(|&(_, o)| !o);
+        (out && ended).then(|| j.checked_sub(1).map(|i| at[i]).filter(|&(_, o)| !o).map(|(in_time, _)| (in_time, out_time)))
+    }
 }
 
 impl Seen {
@@ -144,13 +193,17 @@ impl State<'_> {
                     seen.exited &= out;
                 }
                 seen.ins = seen.ins.wrapping_add(u32::from(!out));
+                seen.recent.insert(time, out);
                 if !out {
                     seen.in_time = seen.in_time.max(time);
                 }
             }
             Record::Exit { tid, .. } => {
                 let generation = *self.generation;
-                self.threads.entry(tid).or_insert_with(|| Seen::fresh(generation)).exited = true;
+                let seen = self.threads.entry(tid).or_insert_with(|| Seen::fresh(generation));
+                seen.exited = true;
+                // A thread given its id later has switches of its own.
+                seen.recent = Recent::default();
             }
             Record::Lost { .. } => {}
         }
@@ -246,6 +299,15 @@ impl Occupancy {
         }
     }
 
+    /// `tid` was on no CPU at `t` (before the last poll began), in a spell
+    /// that has ended since: the run that ended as the spell began (its
+    /// switch-in and switch-out), None when that is not known. Nothing when
+    /// it ran at `t`, is still in that spell ([`Self::off_cpu_at`]'s), or
+    /// where it stood then is not known.
+    pub fn off_then_ran(&self, tid: i32, t: u64) -> Option<Option<(u64, u64)>> {
+        self.threads.get(&tid).filter(|s| !s.exited)?.recent.off_spell_ended(t)
+    }
+
     /// The last run of `tid`, off CPU since it ended, as of the last poll:
     /// (its switch-in, the switch-out that ended it), both recorded.
     pub fn last_run(&self, tid: i32) -> Option<(u64, u64)> {
@@ -325,6 +387,36 @@ mod tests {
         let mut o = occ(s.threads);
         let proof = o.off_cpu(7).expect("a new thread with an old id, off CPU");
         assert!(!o.ran_before(7, proof, u64::MAX));
+    }
+
+    /// An instant past is placed among a thread's switches, read in any
+    /// order: in a spell off CPU that a later switch-in ended (with the run
+    /// that began it, where kept), or not (running, still off, or older
+    /// than what is kept).
+    #[test]
+    fn a_past_instant_is_placed_among_the_switches() {
+        let mut r = Recent::default();
+        for (t, out) in [(30, false), (10, false), (20, true), (50, false), (40, true)] {
+            r.insert(t, out);
+        }
+        assert_eq!(r.off_spell_ended(5), None, "older than what is kept");
+        assert_eq!(r.off_spell_ended(15), None, "running");
+        assert_eq!(r.off_spell_ended(20), Some(Some((10, 20))), "at the switch-out");
+        assert_eq!(r.off_spell_ended(29), Some(Some((10, 20))));
+        assert_eq!(r.off_spell_ended(30), None, "at the switch-in: running");
+        assert_eq!(r.off_spell_ended(45), Some(Some((30, 40))));
+        assert_eq!(r.off_spell_ended(55), None, "running since 50");
+        r.insert(60, true);
+        assert_eq!(r.off_spell_ended(65), None, "still off: the spell has not ended");
+        // Full, the oldest go: a spell whose run began before them has no run.
+        for i in 0..9u64 {
+            r.insert(100 + 10 * i, i % 2 == 1);
+        }
+        assert_eq!(r.off_spell_ended(105), None, "older than what is kept");
+        assert_eq!(r.off_spell_ended(115), Some(None), "the run's switch-in is gone");
+        assert_eq!(r.off_spell_ended(135), Some(Some((120, 130))));
+        r.insert(1, true);
+        assert_eq!(r.off_spell_ended(115), Some(None), "a switch older than all kept is not kept");
     }
 
     /// A CPU no switch is known of proves nothing, until a sample there
