@@ -14,9 +14,12 @@
 //! Whether a thread's stack comes from that record or from a read is
 //! decided by the switch records' times alone, before either is looked at.
 //!
-//! Which half samples a thread is decided at the tick, before its stack is
-//! looked at: proven off CPU, it is read here; otherwise it is on a CPU (or
-//! not yet known) and the perf event of that CPU samples it. A thread
+//! Which half samples a thread is decided by where it stood at the tick's
+//! instant, before its stack is looked at: on no CPU then, it is sampled
+//! here (read, carried, or from a switch record); otherwise it is on a CPU
+//! (or not yet known) and the perf event of that CPU samples it. pyprof
+//! waking late moves neither: a thread off CPU at the instant that has run
+//! since is sampled from the record taken as that spell began. A thread
 //! proven off that ran during the read is counted as torn, not dropped.
 //! The two halves are not one instant: each CPU's event fires on its own
 //! clock, up to one period from our tick, so a thread that switches in or
@@ -25,6 +28,7 @@
 //! split between the halves as its time was.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::time::Duration;
 
 use rustc_hash::FxHashMap as HashMap;
@@ -32,6 +36,7 @@ use rustc_hash::FxHashMap as HashMap;
 use crate::counts::Counters;
 use crate::error::Result;
 use crate::python::snapshot::SnapshotNeeds;
+use crate::sampler::timer::{MAX_BEHIND_NS, MAX_BEHIND_TICKS};
 use crate::session::Session;
 use crate::stack::ThreadStack;
 use crate::thread_filter::ThreadFilter;
@@ -41,11 +46,16 @@ use super::native::KernelNative;
 use super::target::KernelTarget;
 
 /// The user-space clock of wall mode: tick `k` is due at `start + k·period`
-/// (CLOCK_MONOTONIC ns). Ticks missed while late are skipped, not bunched
-/// up, and remembered: the perf events' records that fall in a skipped
-/// tick's period are dropped too (`covers`), so that a late user half does
-/// not leave the threads it samples short against those the events sample.
-/// A tick skipped takes no sample of any thread, as in the ptrace sampler.
+/// (CLOCK_MONOTONIC ns). A tick is taken at its own instant however late
+/// pyprof wakes for it: where each thread stood at that instant is in the
+/// context-switch records, and a thread that ran since has its stack of
+/// then in the record taken as it left its CPU ([`Proven::ended`]). Past
+/// the ptrace sampler's bound (`sampler::timer`'s: ten ticks or 50 ms
+/// behind, a stall) the ticks missed are skipped instead, and remembered:
+/// the perf events' records that fall in a skipped tick's period are
+/// dropped too (`covers`), so that a stalled user half does not leave the
+/// threads it samples short against those the events sample. A tick
+/// skipped takes no sample of any thread, as in the ptrace sampler.
 pub struct Ticks {
     start: u64,
     period: u64,
@@ -54,6 +64,8 @@ pub struct Ticks {
     /// Skipped ticks of the last second or so, oldest first.
     skipped_recently: VecDeque<u64>,
     pub taken: u64,
+    /// Of `taken`, those taken after a later tick was due.
+    pub late: u64,
     pub skipped: u64,
     aligned: bool,
 }
@@ -61,40 +73,52 @@ pub struct Ticks {
 impl Ticks {
     pub fn new(rate_hz: f64) -> Ticks {
         let period = ((1e9 / rate_hz) as u64).max(1);
-        Ticks { start: crate::process::monotonic_ns(), period, last: 0, skipped_recently: VecDeque::new(), taken: 0, skipped: 0, aligned: false }
+        Ticks { start: crate::process::monotonic_ns(), period, last: 0, skipped_recently: VecDeque::new(), taken: 0, late: 0, skipped: 0, aligned: false }
     }
 
     /// Tick at `rate_hz` from now on: the clock starts again (and is
     /// aligned again), the counts go on.
     pub fn set_rate(&mut self, rate_hz: f64) {
-        let (taken, skipped) = (self.taken, self.skipped);
-        *self = Ticks { taken, skipped, ..Ticks::new(rate_hz) };
+        let (taken, late, skipped) = (self.taken, self.late, self.skipped);
+        *self = Ticks { taken, late, skipped, ..Ticks::new(rate_hz) };
     }
 
     /// How long until the next tick is due (zero if it is).
     pub fn until_next(&self) -> Duration {
-        let next = self.start + (self.last + 1) * self.period;
-        Duration::from_nanos(next.saturating_sub(crate::process::monotonic_ns()))
+        Duration::from_nanos(self.instant(self.last + 1).saturating_sub(crate::process::monotonic_ns()))
     }
 
-    /// The instant of the tick due now, if one is: it is taken, and the
-    /// ticks missed before it are skipped.
-    pub fn take_due(&mut self) -> Option<u64> {
+    /// The ticks due now, oldest first, by number ([`Self::instant`]):
+    /// every one since the last taken, or past the bound only the latest,
+    /// those before it skipped.
+    pub fn take_due(&mut self) -> Option<Range<u64>> {
         let due = (crate::process::monotonic_ns().saturating_sub(self.start)) / self.period;
         if due <= self.last {
             return None;
         }
-        for k in self.last + 1..due {
-            self.skipped_recently.push_back(k);
-            self.skipped += 1;
-        }
+        let behind = due - self.last - 1;
+        let first = if behind > MAX_BEHIND_TICKS.max(MAX_BEHIND_NS / self.period) {
+            for k in self.last + 1..due {
+                self.skipped_recently.push_back(k);
+            }
+            self.skipped += behind;
+            due
+        } else {
+            self.late += behind;
+            self.last + 1
+        };
         let keep_from = due.saturating_sub((1_000_000_000 / self.period).max(1));
         while self.skipped_recently.front().is_some_and(|&k| k < keep_from) {
             self.skipped_recently.pop_front();
         }
         self.last = due;
-        self.taken += 1;
-        Some(self.start + due * self.period)
+        self.taken += due + 1 - first;
+        Some(first..due + 1)
+    }
+
+    /// Tick `k`'s instant (CLOCK_MONOTONIC ns).
+    pub fn instant(&self, k: u64) -> u64 {
+        self.start + k * self.period
     }
 
     /// Put the ticks half a period from the perf events' firings (one of
@@ -134,8 +158,10 @@ impl Ticks {
 /// One thread's sample from the user-space half.
 pub enum OffCpu<'a> {
     /// Read while proven on no CPU throughout: its stack at the tick, and
-    /// the id it is carried under (`Sample::carried`).
-    Stack(&'a ThreadStack, u64),
+    /// the id it is carried under (`Sample::carried`). No id: a thread
+    /// that ran between the tick's instant and its taking (a tick taken
+    /// late), its stack from the record made as its spell off CPU began.
+    Stack(&'a ThreadStack, Option<u64>),
     /// Proven off CPU before the read, but it ran before the read ended
     /// (or the read tore): counted under `[stack moved while read]`.
     Moved(&'a ThreadStack),
@@ -155,8 +181,15 @@ pub fn poll_switches() {
 pub fn proven_off(target: &KernelTarget, at: u64) -> Option<Proven> {
     crate::process::occupancy::with(|o| {
         // In tid order (`target.tids()` is sorted), for `Proven::index`.
-        let off: Vec<_> = target.tids().filter_map(|tid| o.off_cpu_at(tid as i32, at).map(|(ins, run)| (tid, ins, run))).collect();
-        Proven { generation: o.generation(), off }
+        let (mut off, mut ended) = (Vec::new(), Vec::new());
+        for tid in target.tids() {
+            if let Some((ins, run)) = o.off_cpu_at(tid as i32, at) {
+                off.push((tid, ins, run));
+            } else if let Some(run) = o.off_then_ran(tid as i32, at) {
+                ended.push((tid, run));
+            }
+        }
+        Proven { generation: o.generation(), off, ended }
     })
 }
 
@@ -169,6 +202,9 @@ pub struct Proven {
     generation: u64,
     /// (host tid, switch-ins so far, its last run), by tid.
     pub off: Vec<(u32, u32, LastRun)>,
+    /// Threads on no CPU at `at` that have run since (a tick taken late):
+    /// (host tid, the run whose end began that spell).
+    pub ended: Vec<(u32, LastRun)>,
 }
 
 impl Proven {
@@ -181,33 +217,48 @@ impl Proven {
     }
 }
 
-/// Each thread's record from the switch program (`FLAG_SWITCH_OUT`), the
-/// latest only: taken as the thread left its CPU, before the switch, so
-/// if it was taken within the thread's last run (after the switch-in
-/// that began it, at or before the switch-out that ended it, both from
-/// the context-switch records on the same clock) it was taken at the
-/// switch-out that ended it, and the thread has not run since.
+/// Each thread's latest records from the switch program
+/// (`FLAG_SWITCH_OUT`): taken as the thread left its CPU, before the
+/// switch, so a record taken within one of its runs (after the switch-in
+/// that began it, at or before the switch-out that ended it, both from the
+/// context-switch records on the same clock) was taken at the switch-out
+/// that ended it: its stack until its next switch-in. The latest serves a
+/// thread still off CPU; the ones before it serve ticks taken late, for
+/// spells that have ended since ([`Proven::ended`]).
 #[derive(Default)]
 pub struct Switched {
-    /// Host tid → (the record's time, the record).
-    last: HashMap<u32, (u64, Vec<u8>)>,
+    /// Host tid → (the record's time, the record; empty where a read in
+    /// it failed), oldest first, [`SWITCHED_KEPT`] at most.
+    last: HashMap<u32, VecDeque<(u64, Vec<u8>)>>,
 }
 
+/// Records kept per thread: as many runs as the switches
+/// `process::occupancy` keeps of each thread.
+const SWITCHED_KEPT: usize = 4;
+
 impl Switched {
-    /// Keep `rec`, taken at `time`, as `tid`'s latest.
+    /// Keep `rec`, taken at `time`, as one of `tid`'s.
     pub fn keep(&mut self, tid: u32, time: u64, rec: &[u8]) {
-        let e = self.last.entry(tid).or_default();
-        if time >= e.0 {
-            e.0 = time;
-            e.1.clear();
-            e.1.extend_from_slice(rec);
+        let kept = self.last.entry(tid).or_default();
+        let pos = kept.partition_point(|(t, _)| *t <= time);
+        if kept.len() == SWITCHED_KEPT {
+            if pos == 0 {
+                return;
+            }
+            // The oldest goes; its buffer serves the new one.
+            let (_, mut buf) = kept.pop_front().unwrap_or_default();
+            buf.clear();
+            buf.extend_from_slice(rec);
+            kept.insert(pos - 1, (time, buf));
+        } else {
+            kept.insert(pos, (time, rec.to_vec()));
         }
     }
 
-    /// A record of `tid` too old to serve, or unusable (a read in it
-    /// failed): its run's stack is read from user space.
-    pub fn forget(&mut self, tid: u32) {
-        self.last.remove(&tid);
+    /// A record of `tid` taken at `time` in which a read failed: that run's
+    /// stack is read at the tick instead, where it can be.
+    pub fn forget(&mut self, tid: u32, time: u64) {
+        self.keep(tid, time, &[]);
     }
 
     /// Keep only the threads `keep` says still exist.
@@ -218,7 +269,8 @@ impl Switched {
     /// The record taken as `tid`'s run `run` (switch-in, switch-out) ended.
     fn for_run(&self, tid: u32, run: LastRun) -> Option<&[u8]> {
         let (started, ended) = run?;
-        self.last.get(&tid).filter(|(t, _)| started < *t && *t <= ended).map(|(_, rec)| &rec[..])
+        let kept = self.last.get(&tid)?;
+        kept.iter().rev().find(|(t, _)| started < *t && *t <= ended).map(|(_, rec)| &rec[..]).filter(|rec| !rec.is_empty())
     }
 }
 
@@ -294,7 +346,7 @@ pub fn read(
     for &(tid, ins, run) in off {
         if let Some((_, t, id)) = carry.stacks.get(&tid).filter(|c| c.0 == ins) {
             counts.carried += 1;
-            emit(OffCpu::Stack(t, *id));
+            emit(OffCpu::Stack(t, Some(*id)));
             continue;
         }
         // Its run's end was recorded: that is its stack since, whatever it holds.
@@ -306,12 +358,22 @@ pub fn read(
                     emit(OffCpu::Moved(&t));
                 } else {
                     let (t, id) = carry.keep(tid, ins, t);
-                    emit(OffCpu::Stack(t, id));
+                    emit(OffCpu::Stack(t, Some(id)));
                 }
                 continue;
             }
         }
         fresh.push(u64::from(tid));
+    }
+    // Off CPU at the tick and run since: not read (it has moved), its
+    // stack then is the record taken as that spell began, or not known.
+    for &(tid, run) in &proven.ended {
+        let t = switched.as_mut().and_then(|(sw, from_record)| sw.for_run(tid, run).map(|rec| from_record(rec, session)));
+        match t {
+            Some(t) if !t.torn => emit(OffCpu::Stack(&t, None)),
+            Some(t) => emit(OffCpu::Moved(&t)),
+            None => emit(OffCpu::Moved(&ThreadStack { native_id: Some(u64::from(tid)), ..ThreadStack::default() })),
+        }
     }
     counts.carried_ticks = u64::from(counts.carried > 0);
     if fresh.is_empty() {
@@ -350,7 +412,7 @@ pub fn read(
                 }
             }
             let (t, id) = carry.keep(off[i].0, off[i].1, t.clone());
-            emit(OffCpu::Stack(t, id));
+            emit(OffCpu::Stack(t, Some(id)));
         }
     }
     session.recycle(taken.threads);
@@ -362,30 +424,39 @@ pub fn read(
 mod tests {
     use super::*;
 
-    /// Ticks missed while late are skipped and remembered; a record in a
-    /// skipped tick's period is not covered, one in a taken tick's is, and
-    /// so is one past the last tick decided.
+    /// Ticks missed while a little late are all taken, each at its own
+    /// instant, and their periods covered; past the bound (a stall) the
+    /// missed ones are skipped and remembered, a record in a skipped
+    /// tick's period is not covered, and only the latest is taken.
     #[test]
-    fn late_ticks_are_skipped_and_their_periods_not_covered() {
+    fn late_ticks_are_taken_and_a_stall_s_skipped() {
         let mut t = Ticks::new(1000.0);
         assert_eq!(t.take_due(), None, "a tick due at once");
         std::thread::sleep(Duration::from_micros(3500));
-        let at = t.take_due().expect("a tick due after 3.5 ms");
-        let k = (at - t.start) / t.period;
-        assert!(k >= 3 && t.skipped == k - 1 && t.taken == 1, "tick {k}, {} skipped, {} taken", t.skipped, t.taken);
-        assert_eq!(t.take_due(), None, "the same tick twice");
-        for skipped in 1..k {
-            assert!(!t.covers(t.start + skipped * t.period + t.period / 2), "tick {skipped} was skipped");
+        let due = t.take_due().expect("ticks due after 3.5 ms");
+        assert!(due.start == 1 && due.end >= 4, "{due:?}");
+        assert_eq!((t.taken, t.late, t.skipped), (due.end - 1, due.end - 2, 0));
+        assert_eq!(t.take_due(), None, "the same ticks twice");
+        assert!(t.covers(t.instant(2) + t.period / 2), "a tick taken late");
+        let last = due.end - 1;
+        std::thread::sleep(Duration::from_millis(80));
+        let due = t.take_due().expect("ticks due after a stall");
+        assert_eq!(due.end - due.start, 1, "a stall's ticks caught up: {due:?}");
+        let k = due.start;
+        assert!(k >= last + 80 && t.skipped == k - last - 1, "tick {k} after {last}, {} skipped", t.skipped);
+        for skipped in last + 1..k {
+            assert!(!t.covers(t.instant(skipped) + t.period / 2), "tick {skipped} was skipped");
         }
-        assert!(t.covers(at + t.period / 2), "the taken tick's period");
-        assert!(t.covers(at + 5 * t.period), "a tick not yet due");
+        assert!(t.covers(t.instant(k) + t.period / 2), "the taken tick's period");
+        assert!(t.covers(t.instant(k) + 5 * t.period), "a tick not yet due");
         assert!(t.until_next() <= Duration::from_millis(1));
     }
 
     /// A thread's switch record serves the run it ended: taken after that
     /// run's switch-in and not after its switch-out. An older record (a
     /// run whose end the program skipped) or one not yet ended serves
-    /// nothing; a later record replaces an earlier one, never the reverse.
+    /// nothing; the records of its last runs are kept, in time order
+    /// whatever order they came in, and one whose read failed serves none.
     #[test]
     fn a_switch_record_serves_only_the_run_it_ended() {
         let mut sw = Switched::default();
@@ -397,11 +468,16 @@ mod tests {
         assert_eq!(sw.for_run(7, Some((100, 900))), None, "taken after that run ended");
         assert_eq!(sw.for_run(7, None), None, "no run recorded");
         assert_eq!(sw.for_run(8, Some((500, 1_000))), None, "another thread");
+        sw.keep(7, 3_000, b"third");
         sw.keep(7, 2_000, b"second");
-        sw.keep(7, 1_500, b"stale");
         assert_eq!(sw.for_run(7, Some((1_800, 2_000))), Some(&b"second"[..]));
-        sw.forget(7);
-        assert_eq!(sw.for_run(7, Some((1_800, 2_000))), None, "forgotten");
+        assert_eq!(sw.for_run(7, Some((2_500, 3_000))), Some(&b"third"[..]));
+        assert_eq!(sw.for_run(7, Some((500, 1_000))), Some(&b"first"[..]), "an earlier run's, kept");
+        sw.forget(7, 4_000);
+        assert_eq!(sw.for_run(7, Some((3_500, 4_000))), None, "a run whose record failed");
+        sw.keep(7, 5_000, b"fifth");
+        assert_eq!(sw.for_run(7, Some((500, 1_000))), None, "the oldest gone, four kept");
+        assert_eq!(sw.for_run(7, Some((1_800, 2_000))), Some(&b"second"[..]));
         sw.keep(9, 10, b"x");
         sw.retain(|tid| tid != 9);
         assert_eq!(sw.for_run(9, Some((5, 10))), None, "a thread gone from the map");

@@ -337,7 +337,7 @@ pub fn run(
                 let Some(p) = procs.get_mut(&h.pid) else { return };
                 // A read in it failed: that run's stack is read at the tick instead.
                 if h.flags & (FLAG_FAULT | FLAG_WORD_FAULT | FLAG_NO_TSTATE) != 0 {
-                    p.switched.forget(h.tid);
+                    p.switched.forget(h.tid, h.time_ns);
                 } else {
                     p.switched.keep(h.tid, h.time_ns, rec);
                 }
@@ -351,74 +351,85 @@ pub fn run(
         }
         // The tick first: the records drained after it know whether the
         // tick of their period was skipped.
-        if let Some((t, at)) = ticks.as_mut().and_then(|t| t.take_due().map(|at| (t, at))) {
+        if let Some((t, due)) = ticks.as_mut().and_then(|t| t.take_due().map(|due| (t, due))) {
             off_cpu::poll_switches();
-            for p in procs.values_mut() {
-                let Some(mut off) = off_cpu::proven_off(&p.target, at) else { continue };
-                off.off.retain(|&(tid, _, _)| selects(&p.filter, &p.target, &mut p.names, tid));
-                let (pid, command, names, carry, gc_frame) = (p.target.pid, &p.command, &mut p.names, &mut p.carry, p.gc_frame.as_ref());
-                let gc_frames = gc_frame.is_some();
-                let gc_samples = &mut stats.gc_samples;
-                let locked_shift = p.locked_shift;
-                let (converter, py_names, native) = p.target.parts();
-                let mut made = KernelSampling::default();
-                let mut from_record = |rec: &[u8], s: &Session| switch_stack(converter, &py_names, rec, s, locked_shift, gc_frame, &mut made);
-                let switched = k.switch_records().then_some((&p.switched, &mut from_record as off_cpu::FromRecord));
-                let read = off_cpu::read(&mut sessions[p.session], &off, wall_needs, carry, switched, native.map(|n| (n, &*k)), &mut |o| {
-                    // `<GC>` is on a stack that stands (the session put it
-                    // there), never on a torn one.
-                    let (t, frames, in_gc, carried) = match o {
-                        OffCpu::Stack(t, id) => (t, &t.frames[..], t.in_gc && gc_frames, Some(id)),
-                        OffCpu::Moved(t) => {
-                            ks.counts.off_cpu_moved += 1;
-                            (t, std::slice::from_ref(&torn), false, None)
+            // Oldest first: a thread read at one is carried to the next.
+            for at in due.map(|k| t.instant(k)) {
+                for p in procs.values_mut() {
+                    let Some(mut off) = off_cpu::proven_off(&p.target, at) else { continue };
+                    off.off.retain(|&(tid, _, _)| selects(&p.filter, &p.target, &mut p.names, tid));
+                    off.ended.retain(|&(tid, _)| selects(&p.filter, &p.target, &mut p.names, tid));
+                    let (pid, command, names, carry, gc_frame) = (p.target.pid, &p.command, &mut p.names, &mut p.carry, p.gc_frame.as_ref());
+                    let gc_frames = gc_frame.is_some();
+                    let gc_samples = &mut stats.gc_samples;
+                    let locked_shift = p.locked_shift;
+                    let (converter, py_names, native) = p.target.parts();
+                    let mut made = KernelSampling::default();
+                    let mut from_record = |rec: &[u8], s: &Session| switch_stack(converter, &py_names, rec, s, locked_shift, gc_frame, &mut made);
+                    let switched = k.switch_records().then_some((&p.switched, &mut from_record as off_cpu::FromRecord));
+                    let read = off_cpu::read(&mut sessions[p.session], &off, wall_needs, carry, switched, native.map(|n| (n, &*k)), &mut |o| {
+                        // `<GC>` is on a stack that stands (the session put it
+                        // there), never on a torn one.
+                        let (t, frames, in_gc, carried) = match o {
+                            OffCpu::Stack(t, id) => {
+                                ks.counts.off_cpu_ended += u64::from(id.is_none());
+                                (t, &t.frames[..], t.in_gc && gc_frames, id)
+                            }
+                            OffCpu::Moved(t) => {
+                                ks.counts.off_cpu_moved += 1;
+                                (t, std::slice::from_ref(&torn), false, None)
+                            }
+                        };
+                        if frames.is_empty() && !cfg.include_empty {
+                            return;
                         }
-                    };
-                    if frames.is_empty() && !cfg.include_empty {
-                        return;
-                    }
-                    ks.counts.off_cpu += 1;
-                    if in_gc {
-                        *gc_samples.get_or_insert(0) += 1;
-                    }
-                    let tid = t.native_id.unwrap_or(0) as u32;
-                    // As a tick's record: else the kernel's name for it.
-                    let name = names.entry(tid).or_insert_with(|| t.name.clone().or_else(|| crate::process::task_comm(pid, tid as i32)));
-                    if count_threads {
-                        *per_thread.entry(tid).or_insert(0) += 1;
-                    }
-                    stats.samples += 1;
-                    sink.add(&Sample {
-                        pid,
-                        command,
-                        native_id: t.native_id,
-                        name: name.as_deref(),
-                        frames,
-                        holds_gil: t.holds_gil,
-                        on_cpu: false,
-                        in_gc,
-                        carried,
+                        ks.counts.off_cpu += 1;
+                        if in_gc {
+                            *gc_samples.get_or_insert(0) += 1;
+                        }
+                        let tid = t.native_id.unwrap_or(0) as u32;
+                        // As a tick's record: else the kernel's name for it.
+                        let name = names.entry(tid).or_insert_with(|| t.name.clone().or_else(|| crate::process::task_comm(pid, tid as i32)));
+                        if count_threads {
+                            *per_thread.entry(tid).or_insert(0) += 1;
+                        }
+                        stats.samples += 1;
+                        sink.add(&Sample {
+                            pid,
+                            command,
+                            native_id: t.native_id,
+                            name: name.as_deref(),
+                            frames,
+                            holds_gil: t.holds_gil,
+                            on_cpu: false,
+                            in_gc,
+                            carried,
+                        });
                     });
-                });
-                match read {
-                    Ok(c) => stats.counts += c,
-                    // Its end, found by the read before the liveness check
-                    // below: not a lost sample (the ptrace sampler's rule).
-                    Err(e) if e.is_process_gone() || crate::process::is_exiting(pid) => {}
-                    // A fork child that exec'd, read before the exec was
-                    // seen (below, within 5 ms): attached anew, as the
-                    // ptrace sampler does with one whose snapshot failed.
-                    Err(_) if sessions[p.session].execd() => {}
-                    // By kind, as the ptrace sampler counts (the agent's
-                    // metrics label by it: a message would be a new series).
-                    Err(e) => *stats.errors.entry(crate::sampler::error_kind(&e).into()).or_insert(0) += 1,
+                    match read {
+                        Ok(c) => stats.counts += c,
+                        // Its end, found by the read before the liveness check
+                        // below: not a lost sample (the ptrace sampler's rule).
+                        Err(e) if e.is_process_gone() || crate::process::is_exiting(pid) => {}
+                        // A fork child that exec'd, read before the exec was
+                        // seen (below, within 5 ms): attached anew, as the
+                        // ptrace sampler does with one whose snapshot failed.
+                        Err(_) if sessions[p.session].execd() => {}
+                        // By kind, as the ptrace sampler counts (the agent's
+                        // metrics label by it: a message would be a new series).
+                        Err(e) => *stats.errors.entry(crate::sampler::error_kind(&e).into()).or_insert(0) += 1,
+                    }
+                    ks.counts.mid_push += made.mid_push;
+                    ks.counts.torn += made.torn;
+                    ks.counts.code_gone += made.code_gone;
                 }
-                ks.counts.mid_push += made.mid_push;
-                ks.counts.torn += made.torn;
-                ks.counts.code_gone += made.code_gone;
             }
             ks.counts.wall_ticks = t.taken;
+            ks.counts.wall_ticks_late = t.late;
             ks.counts.wall_ticks_skipped = t.skipped;
+            // Named as the ptrace sampler's: ticks lost to a stall. Not
+            // `late`: a tick taken late here is still its own instant's.
+            stats.skipped = t.skipped;
         }
         let now_ns = monotonic_ns();
         let mut handle = |rec: &[u8]| {
@@ -676,13 +687,15 @@ impl KernelStats {
         }
         if c.wall_ticks > 0 {
             line += &format!(
-                "; wall mode: {} ticks ({} skipped, late, with the {} records in them), {} stacks of threads on no CPU: {} from the record taken as the thread left its CPU (of {} such records), {} carried over unchanged, the rest read from user space ({} moved while read)",
+                "; wall mode: {} ticks ({} of them taken late, each at its own instant; {} skipped after stalls over 50 ms, with the {} records in them), {} stacks of threads on no CPU: {} from the record taken as the thread left its CPU (of {} such records; {} of threads that ran before their tick was taken), {} carried over unchanged, the rest read from user space ({} moved while read or not known)",
                 c.wall_ticks,
+                c.wall_ticks_late,
                 c.wall_ticks_skipped,
                 c.in_skipped_ticks,
                 c.off_cpu,
-                c.off_cpu_from_switch,
+                c.off_cpu_from_switch + c.off_cpu_ended,
                 c.switch_out_records,
+                c.off_cpu_ended,
                 c.off_cpu_carried,
                 c.off_cpu_moved
             );

@@ -192,6 +192,15 @@ pub struct KernelSampling {
     pub wall_ticks: u64,
     #[serde(default)]
     pub wall_ticks_skipped: u64,
+    /// Of `wall_ticks`, those taken after a later one was due (pyprof woke
+    /// late), each at its own instant; of `off_cpu`, the stacks of threads
+    /// that ran between a tick's instant and its taking, from the record
+    /// made as their spell off CPU began (those with no such record are
+    /// among `off_cpu_moved`).
+    #[serde(default)]
+    pub wall_ticks_late: u64,
+    #[serde(default)]
+    pub off_cpu_ended: u64,
     #[serde(default)]
     pub off_cpu: u64,
     #[serde(default)]

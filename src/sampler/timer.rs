@@ -82,8 +82,8 @@ pub struct Timer {
 /// (counted in `skipped`): a short preemption is caught up, but a long stall
 /// would turn into a burst of back-to-back samples of one instant, which
 /// distorts the profile more than a counted gap does.
-const MAX_BEHIND_TICKS: u64 = 10;
-const MAX_BEHIND_NS: u64 = 50_000_000;
+pub(crate) const MAX_BEHIND_TICKS: u64 = 10;
+pub(crate) const MAX_BEHIND_NS: u64 = 50_000_000;
 /// Ticks the hold average of [`Timer::rest`] spans.
 const REST_SPAN: u64 = 1024;
 /// A hold counts into that average as at most this many times the
