@@ -51,7 +51,8 @@ use super::target::KernelTarget;
 /// context-switch records, and a thread that ran since has its stack of
 /// then in the record taken as it left its CPU ([`Proven::ended`]). Past
 /// the ptrace sampler's bound (`sampler::timer`'s: ten ticks or 50 ms
-/// behind, a stall) the ticks missed are skipped instead, and remembered:
+/// behind, a stall), or at all without those records (`--native`,
+/// `--async`), the ticks missed are skipped instead, and remembered:
 /// the perf events' records that fall in a skipped tick's period are
 /// dropped too (`covers`), so that a stalled user half does not leave the
 /// threads it samples short against those the events sample. A tick
@@ -68,19 +69,31 @@ pub struct Ticks {
     pub late: u64,
     pub skipped: u64,
     aligned: bool,
+    /// Whether ticks missed are taken late (the switch records are on).
+    catch_up: bool,
 }
 
 impl Ticks {
-    pub fn new(rate_hz: f64) -> Ticks {
+    pub fn new(rate_hz: f64, catch_up: bool) -> Ticks {
         let period = ((1e9 / rate_hz) as u64).max(1);
-        Ticks { start: crate::process::monotonic_ns(), period, last: 0, skipped_recently: VecDeque::new(), taken: 0, late: 0, skipped: 0, aligned: false }
+        Ticks {
+            start: crate::process::monotonic_ns(),
+            period,
+            last: 0,
+            skipped_recently: VecDeque::new(),
+            taken: 0,
+            late: 0,
+            skipped: 0,
+            aligned: false,
+            catch_up,
+        }
     }
 
     /// Tick at `rate_hz` from now on: the clock starts again (and is
     /// aligned again), the counts go on.
     pub fn set_rate(&mut self, rate_hz: f64) {
         let (taken, late, skipped) = (self.taken, self.late, self.skipped);
-        *self = Ticks { taken, late, skipped, ..Ticks::new(rate_hz) };
+        *self = Ticks { taken, late, skipped, ..Ticks::new(rate_hz, self.catch_up) };
     }
 
     /// How long until the next tick is due (zero if it is).
@@ -97,7 +110,8 @@ impl Ticks {
             return None;
         }
         let behind = due - self.last - 1;
-        let first = if behind > MAX_BEHIND_TICKS.max(MAX_BEHIND_NS / self.period) {
+        let most = if self.catch_up { MAX_BEHIND_TICKS.max(MAX_BEHIND_NS / self.period) } else { 0 };
+        let first = if behind > most {
             for k in self.last + 1..due {
                 self.skipped_recently.push_back(k);
             }
@@ -430,7 +444,7 @@ mod tests {
     /// tick's period is not covered, and only the latest is taken.
     #[test]
     fn late_ticks_are_taken_and_a_stall_s_skipped() {
-        let mut t = Ticks::new(1000.0);
+        let mut t = Ticks::new(1000.0, true);
         assert_eq!(t.take_due(), None, "a tick due at once");
         std::thread::sleep(Duration::from_micros(3500));
         let due = t.take_due().expect("ticks due after 3.5 ms");
@@ -450,6 +464,11 @@ mod tests {
         assert!(t.covers(t.instant(k) + t.period / 2), "the taken tick's period");
         assert!(t.covers(t.instant(k) + 5 * t.period), "a tick not yet due");
         assert!(t.until_next() <= Duration::from_millis(1));
+        // Without the switch records a tick missed is skipped, however short the delay.
+        let mut t = Ticks::new(1000.0, false);
+        std::thread::sleep(Duration::from_micros(3500));
+        let due = t.take_due().expect("a tick due after 3.5 ms");
+        assert!(due.end - due.start == 1 && t.skipped == due.start - 1 && t.skipped >= 2, "{due:?}, {} skipped", t.skipped);
     }
 
     /// A thread's switch record serves the run it ended: taken after that
@@ -488,14 +507,14 @@ mod tests {
     /// most; a second firing moves nothing.
     #[test]
     fn ticks_are_put_half_a_period_from_the_firings() {
-        let mut t = Ticks::new(1000.0);
+        let mut t = Ticks::new(1000.0, true);
         let fired = t.start + 123_456;
         t.align_between(fired);
         assert_eq!((t.start + 7 * t.period).abs_diff(fired) % t.period, t.period / 2, "start {} fired {fired}", t.start);
         let start = t.start;
         t.align_between(fired + 100_000);
         assert_eq!(t.start, start, "aligned twice");
-        let mut other = Ticks::new(1000.0);
+        let mut other = Ticks::new(1000.0, true);
         let before = other.start;
         other.align_between(before + 900_000);
         assert_eq!(other.start, before + 400_000, "not the nearest start half a period from the firing");

@@ -267,7 +267,7 @@ pub fn run(
     let mut last_loop = Instant::now();
     // `--mode wall`: the threads on no CPU are read from user space at
     // ticks of ours (`off_cpu`); the perf events sample the others.
-    let mut ticks = (cfg.mode == Mode::Wall).then(|| Ticks::new(cfg.rate_hz));
+    let mut ticks = (cfg.mode == Mode::Wall).then(|| Ticks::new(cfg.rate_hz, k.switch_records()));
     // Ticks on time: a tick skipped leaves the threads off CPU unsampled
     // while the perf events go on sampling the others. As the ptrace
     // sampler does: a raised priority, and waits without timer slack.
@@ -358,7 +358,9 @@ pub fn run(
                 for p in procs.values_mut() {
                     let Some(mut off) = off_cpu::proven_off(&p.target, at) else { continue };
                     off.off.retain(|&(tid, _, _)| selects(&p.filter, &p.target, &mut p.names, tid));
-                    off.ended.retain(|&(tid, _)| selects(&p.filter, &p.target, &mut p.names, tid));
+                    // Without the switch records, where a thread that ran
+                    // since stood is all that is known: the events' to sample, as before.
+                    off.ended.retain(|&(tid, _)| k.switch_records() && selects(&p.filter, &p.target, &mut p.names, tid));
                     let (pid, command, names, carry, gc_frame) = (p.target.pid, &p.command, &mut p.names, &mut p.carry, p.gc_frame.as_ref());
                     let gc_frames = gc_frame.is_some();
                     let gc_samples = &mut stats.gc_samples;
