@@ -190,16 +190,18 @@ pub fn poll_switches() {
 /// The threads of `target` on no CPU at `at` (CLOCK_MONOTONIC ns, the
 /// tick's instant) and since, as of the last [`poll_switches`], which
 /// came after `at`: (host tid, switch-ins so far, its last run where
-/// recorded), and the generation those counts belong to. None when the
-/// kernel refuses CPU-wide context-switch events.
-pub fn proven_off(target: &KernelTarget, at: u64) -> Option<Proven> {
+/// recorded), and the generation those counts belong to; with
+/// `switch_records` (their only source of a stack), also those off CPU at
+/// `at` that have run since ([`Proven::ended`]). None when the kernel
+/// refuses CPU-wide context-switch events.
+pub fn proven_off(target: &KernelTarget, at: u64, switch_records: bool) -> Option<Proven> {
     crate::process::occupancy::with(|o| {
         // In tid order (`target.tids()` is sorted), for `Proven::index`.
         let (mut off, mut ended) = (Vec::new(), Vec::new());
         for tid in target.tids() {
             if let Some((ins, run)) = o.off_cpu_at(tid as i32, at) {
                 off.push((tid, ins, run));
-            } else if let Some(run) = o.off_then_ran(tid as i32, at) {
+            } else if let Some(run) = switch_records.then(|| o.off_then_ran(tid as i32, at)).flatten() {
                 ended.push((tid, run));
             }
         }

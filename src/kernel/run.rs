@@ -356,11 +356,11 @@ pub fn run(
             // Oldest first: a thread read at one is carried to the next.
             for at in due.map(|k| t.instant(k)) {
                 for p in procs.values_mut() {
-                    let Some(mut off) = off_cpu::proven_off(&p.target, at) else { continue };
+                    // Without the switch records a thread that ran since is
+                    // the events' to sample, as before they were kept.
+                    let Some(mut off) = off_cpu::proven_off(&p.target, at, k.switch_records()) else { continue };
                     off.off.retain(|&(tid, _, _)| selects(&p.filter, &p.target, &mut p.names, tid));
-                    // Without the switch records, where a thread that ran
-                    // since stood is all that is known: the events' to sample, as before.
-                    off.ended.retain(|&(tid, _)| k.switch_records() && selects(&p.filter, &p.target, &mut p.names, tid));
+                    off.ended.retain(|&(tid, _)| selects(&p.filter, &p.target, &mut p.names, tid));
                     let (pid, command, names, carry, gc_frame) = (p.target.pid, &p.command, &mut p.names, &mut p.carry, p.gc_frame.as_ref());
                     let gc_frames = gc_frame.is_some();
                     let gc_samples = &mut stats.gc_samples;
