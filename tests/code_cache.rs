@@ -200,7 +200,10 @@ fn a_caller_freed_since_the_interrupt_is_shown_gone_not_torn() {
                 _ => panic!("{}: spin's caller misnamed: {names:?}", py.label),
             }
         }
-        assert!(spins > 1000, "{}: only {spins} samples in spin of {}", py.label, p.meta.samples);
+        // `spin` holds 2 ms of each round's few tens of µs besides; the
+        // count is the target's CPU, not the 3,000 ticks: a CI host busy
+        // with the other tests' targets gave it 1,050 samples, 997 in spin.
+        assert!(spins >= 300 && spins * 10 >= p.meta.samples * 9, "{}: only {spins} samples in spin of {}", py.label, p.meta.samples);
         assert!(gone <= k.code_gone, "{}: {gone} callers shown gone, {} stacks counted so", py.label, k.code_gone);
         assert!(k.torn * 1000 <= p.meta.samples, "{}: {} of {} samples torn ({gone} shown gone)", py.label, k.torn, p.meta.samples);
         shown_gone.fetch_add(gone, std::sync::atomic::Ordering::Relaxed);
