@@ -28,7 +28,7 @@ pub struct Refused {
 }
 
 fn refused(what: &str, e: impl std::fmt::Display) -> Refused {
-    let text = e.to_string();
+    let text = one_line(&e.to_string());
     let lower = text.to_lowercase();
     let hint = if lower.contains("permission") || lower.contains("not permitted") || lower.contains("eperm") {
         " (needs root, or CAP_BPF and CAP_PERFMON)"
@@ -38,6 +38,24 @@ fn refused(what: &str, e: impl std::fmt::Display) -> Refused {
         ""
     };
     Refused { why: format!("{what}: {text}{hint}") }
+}
+
+/// A refusal is said in one line, but the kernel's verifier explains
+/// itself in thousands (16 MB for a program over its instruction limit):
+/// keep what precedes its log and the log's verdict, the last line before
+/// its closing statistics.
+fn one_line(text: &str) -> String {
+    const LOG: &str = "Verifier output:";
+    let Some(at) = text.find(LOG) else { return text.lines().next().unwrap_or("").to_string() };
+    let head = text[..at].trim_end().trim_end_matches('.');
+    let stats = |l: &str| ["verification time", "processed ", "stack depth", "func#", "Func#"].iter().any(|p| l.starts_with(p));
+    let verdict = text[at + LOG.len()..].lines().map(str::trim).filter(|l| !l.is_empty() && !stats(l)).next_back().unwrap_or("");
+    let mut line = if verdict.is_empty() { head.to_string() } else { format!("{head}; the verifier said: {verdict}") };
+    if line.len() > 300 {
+        line.truncate(line.floor_char_boundary(297));
+        line.push_str("...");
+    }
+    line
 }
 
 pub use crate::counts::ProgramCost;
@@ -354,6 +372,19 @@ fn map_error(map: &str, e: aya::maps::MapError) -> crate::error::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The verifier's log is cut to its verdict; other errors to their first line.
+    #[test]
+    fn a_refusal_is_one_line_with_the_verifiers_verdict() {
+        let log = format!(
+            "the BPF_PROG_LOAD syscall failed. Verifier output: 0: R1=ctx() R10=fp0\n{}266: (2d) if r2 > r3 goto pc+249\nBPF program is too large. Processed 1000001 insn\nverification time 9145620 usec\nstack depth 168+0\nprocessed 1000001 insns (limit 1000000) max_states_per_insn 21\n",
+            "12: (85) call bpf_probe_read_user#112\n".repeat(10_000)
+        );
+        let r = refused("the kernel refused the BPF program switch_out", log);
+        assert_eq!(r.why, "the kernel refused the BPF program switch_out: the BPF_PROG_LOAD syscall failed; the verifier said: BPF program is too large. Processed 1000001 insn");
+        let r = refused("loading the BPF program", "Operation not permitted (os error 1)\nmore");
+        assert_eq!(r.why, "loading the BPF program: Operation not permitted (os error 1) (needs root, or CAP_BPF and CAP_PERFMON)");
+    }
 
     /// Half a period at 500 Hz and above; below, an eighth of the period
     /// but at least a millisecond, so never more records than 1,000 a
