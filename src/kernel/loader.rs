@@ -52,7 +52,8 @@ fn one_line(text: &str) -> String {
     let verdict = text[at + LOG.len()..].lines().map(str::trim).filter(|l| !l.is_empty() && !stats(l)).next_back().unwrap_or("");
     let mut line = if verdict.is_empty() { head.to_string() } else { format!("{head}; the verifier said: {verdict}") };
     if line.len() > 300 {
-        line.truncate(line.floor_char_boundary(297));
+        let cut = (0..=297).rev().find(|&i| line.is_char_boundary(i)).unwrap_or(0);
+        line.truncate(cut);
         line.push_str("...");
     }
     line
@@ -381,7 +382,10 @@ mod tests {
             "12: (85) call bpf_probe_read_user#112\n".repeat(10_000)
         );
         let r = refused("the kernel refused the BPF program switch_out", log);
-        assert_eq!(r.why, "the kernel refused the BPF program switch_out: the BPF_PROG_LOAD syscall failed; the verifier said: BPF program is too large. Processed 1000001 insn");
+        assert_eq!(
+            r.why,
+            "the kernel refused the BPF program switch_out: the BPF_PROG_LOAD syscall failed; the verifier said: BPF program is too large. Processed 1000001 insn"
+        );
         let r = refused("loading the BPF program", "Operation not permitted (os error 1)\nmore");
         assert_eq!(r.why, "loading the BPF program: Operation not permitted (os error 1) (needs root, or CAP_BPF and CAP_PERFMON)");
     }
