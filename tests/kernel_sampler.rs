@@ -100,6 +100,51 @@ fn deep_stack_is_cut_at_the_bound_and_marked() {
     });
 }
 
+/// A chain the program copies a page at a time where callers lie just
+/// below their callees (see `copy_frame` in capture.bpf.c): 150 frames of
+/// `ping`/`pong` over several pages, a generator whose frame lives in its
+/// object (3.11+: off the data stack), and 40 frames called from it. Every
+/// sample must be that chain exactly, each frame at its line: a frame taken
+/// from the wrong place of a copied page would name another function or line.
+#[test]
+fn a_chain_across_pages_and_the_heap_is_copied_frame_for_frame() {
+    let text = std::fs::read_to_string(scripts_dir().join("kernel_cases.py")).unwrap();
+    let line_of = |code: &str| text.lines().position(|l| l.trim() == code).unwrap_or_else(|| panic!("{code}")) as u32 + 1;
+    let ping_line = line_of("return pong(n - 1, m) if n > 1 else gen_bottom(m)");
+    let pong_line = line_of("return ping(n - 1, m) if n > 1 else gen_bottom(m)");
+    let inner_line = line_of("return inner(m - 1)");
+    for_each_interpreter(|py| {
+        let target = py.spawn("kernel_cases.py", &["mixed", "150", "40"]);
+        let (p, stderr) = record_kernel(target.pid(), &["--mode", "cpu", "-r", "1000"], "1", "kernel-mixed");
+        if !kernel_ran(&p.meta.sampling.method, &stderr, &py.label) {
+            return;
+        }
+        let k = p.meta.sampling.kernel.as_ref().unwrap();
+        let mut total = 0;
+        for s in &p.stacks {
+            let frames: Vec<_> = s.frames.iter().map(|&f| &p.frames[f as usize]).filter(|f| f.kind == FrameKind::Python).collect();
+            let names: Vec<&str> = frames.iter().map(|f| f.function.as_str()).collect();
+            let at = names.iter().position(|&f| f == "ping").unwrap_or_else(|| panic!("[{}] no ping: {names:?}", py.label));
+            let mut want: Vec<(&str, Option<u32>)> = (0..150).map(|i| if i % 2 == 0 { ("ping", Some(ping_line)) } else { ("pong", Some(pong_line)) }).collect();
+            want.extend([("gen_bottom", None), ("gen", None)]);
+            want.extend((0..39).map(|_| ("inner", Some(inner_line))));
+            want.push(("inner", None));
+            let got: Vec<(&str, Option<u32>)> = frames[at..].iter().zip(&want).map(|(f, w)| (f.function.as_str(), w.1.and(f.line))).collect();
+            let rest = &names[(at + want.len()).min(names.len())..];
+            assert!(
+                got == want && (rest.is_empty() || rest == ["leaf"]),
+                "[{}] {} samples of a wrong chain: {names:?} {:?}",
+                py.label,
+                s.count,
+                frames.iter().map(|f| f.line).collect::<Vec<_>>()
+            );
+            total += s.count;
+        }
+        assert!(total >= 300, "[{}] only {total} samples: {stderr}", py.label);
+        assert_eq!(k.torn + k.truncated + k.faults, 0, "[{}] {k:?}", py.label);
+    });
+}
+
 /// `--mode wall`: the spinning thread is sampled at the interrupt, the
 /// sleeping and the waiting one from user space while proven off CPU, and
 /// each gets one sample a tick, whichever half took it: a thread counted

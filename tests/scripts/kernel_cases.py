@@ -3,6 +3,10 @@
 deep N: recurse N frames through `down`, then spin in `leaf` forever.
 late:   print "ready", sleep 0.5 s, then start a thread spinning in
         `late_worker` (a thread the recording has not seen at its start).
+mixed N M: N frames alternating `ping` and `pong`, then a generator `gen`
+        (whose frame lives in its object, not beside its caller's), M
+        frames of `inner` called from it, then spin in `leaf`: a chain
+        that leaves one page for another and the data stack for the heap.
 blink:  a thread that blocks for 2 ms at a time in `nap`, between short
         runs of `leaf` (off CPU most of the time, never for long); the
         main thread waits for it.
@@ -28,6 +32,31 @@ def down(n):
         leaf()
 
 
+def ping(n, m):
+    return pong(n - 1, m) if n > 1 else gen_bottom(m)
+
+
+def pong(n, m):
+    return ping(n - 1, m) if n > 1 else gen_bottom(m)
+
+
+def gen(m):
+    yield inner(m)
+
+
+def gen_bottom(m):
+    for _ in gen(m):
+        pass
+
+
+def inner(m):
+    if m > 1:
+        return inner(m - 1)
+    print("ready", flush=True)
+    while True:
+        leaf()
+
+
 def late_worker():
     while True:
         leaf()
@@ -47,6 +76,9 @@ if __name__ == "__main__":
     if sys.argv[1] == "deep":
         sys.setrecursionlimit(10000)
         down(int(sys.argv[2]))
+    elif sys.argv[1] == "mixed":
+        sys.setrecursionlimit(10000)
+        ping(int(sys.argv[2]), int(sys.argv[3]))
     elif sys.argv[1] == "blink":
         t = threading.Thread(target=blinker, name="blinker", daemon=True)
         t.start()
