@@ -16,7 +16,10 @@ Rows beside pyprof's samplers and the peers:
 
     python3 bench/slowdown_pairs.py [--pythons 3.12,3.15] [--rates 1000,10000]
         [--rounds 15] [--window 1.0] [--samplers floor,kernel,ptrace,py-spy]
-        [--measure throughput|stolen] [--json FILE]
+        [--measure throughput|stolen] [--depth 3] [--json FILE]
+
+A pyprof sampler may name the build to run, to set two side by side:
+kernel@/tmp/pyprof-before (default: target/release/pyprof).
 
 --measure stolen: the target is bench/gaps_target.py, which reads the clock
 back to back and sums the gaps between reads: the time taken from it (an
@@ -27,7 +30,7 @@ slowdown, without what the sampler's work does to the target's caches.
 
 Each window runs its sampler from --warmup s before the window to its end
 (pyprof's BPF programs load and attach in about 0.3 s). The target is
-bench/target.py (cpu, 3 frames deep) on CPU 0, the sampler on CPU 1 (as
+bench/target.py (cpu, --depth frames deep, 3 by default) on CPU 0, the sampler on CPU 1 (as
 bench/run.py pins them). Figures: median slowdown over rounds, with the
 interquartile range, and what one sample costs the target's CPU: the
 slowdown over the rate (per-CPU events fire every 1/rate s of each CPU's
@@ -86,8 +89,9 @@ def sampler_cmd(name, pid, rate, secs, tmp, sleeper):
         return [sys.executable, "-c", FLOOR, str(rate)]
     if name == "sleeper":
         return [sleeper, str(rate), str(secs), out]
-    if name in ("kernel", "ptrace", "nonblocking"):
-        return [PYPROF, "record", "--pid", str(pid), "--sampler", name, "-r", str(rate), "-d", "%.2f" % secs, "-q", "-f", "collapsed", "-o", out + ".txt"]
+    kind, _, build = name.partition("@")
+    if kind in ("kernel", "ptrace", "nonblocking"):
+        return [build or PYPROF, "record", "--pid", str(pid), "--sampler", kind, "-r", str(rate), "-d", "%.2f" % secs, "-q", "-f", "collapsed", "-o", out + ".txt"]
     if name == "py-spy":
         return [PYSPY, "record", "--pid", str(pid), "-r", str(rate), "-d", str(int(secs + 0.999)), "-f", "raw", "-o", out + ".txt"]
     raise SystemExit("unknown sampler %r" % name)
@@ -136,6 +140,7 @@ def main():
     ap.add_argument("--warmup", type=float, default=0.6)
     ap.add_argument("--samplers", default="floor,kernel,ptrace,py-spy")
     ap.add_argument("--measure", choices=["throughput", "stolen"], default="throughput")
+    ap.add_argument("--depth", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args()
     samplers = [s for s in args.samplers.split(",") if s]
@@ -153,7 +158,7 @@ def main():
                 if args.measure == "stolen":
                     target = bench.Target(py, "gaps", 0, tmp, private_proc=False, script_args=[])
                 else:
-                    target = bench.Target(py, "cpu", 3, tmp, private_proc=False)
+                    target = bench.Target(py, "cpu", args.depth, tmp, private_proc=False)
                 try:
                     per = {s: [] for s in samplers}
                     for r in range(args.rounds):
