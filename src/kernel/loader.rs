@@ -49,7 +49,7 @@ fn one_line(text: &str) -> String {
     let Some(at) = text.find(LOG) else { return text.lines().next().unwrap_or("").to_string() };
     let head = text[..at].trim_end().trim_end_matches('.');
     let stats = |l: &str| ["verification time", "processed ", "stack depth", "func#", "Func#"].iter().any(|p| l.starts_with(p));
-    let verdict = text[at + LOG.len()..].lines().map(str::trim).filter(|l| !l.is_empty() && !stats(l)).next_back().unwrap_or("");
+    let verdict = text[at + LOG.len()..].lines().map(str::trim).rfind(|l| !l.is_empty() && !stats(l)).unwrap_or("");
     let mut line = if verdict.is_empty() { head.to_string() } else { format!("{head}; the verifier said: {verdict}") };
     if line.len() > 300 {
         let cut = (0..=297).rev().find(|&i| line.is_char_boundary(i)).unwrap_or(0);
