@@ -112,7 +112,7 @@ fn a_chain_across_pages_and_the_heap_is_copied_frame_for_frame() {
     let line_of = |code: &str| text.lines().position(|l| l.trim() == code).unwrap_or_else(|| panic!("{code}")) as u32 + 1;
     let ping_line = line_of("return pong(n - 1, m) if n > 1 else gen_bottom(m)");
     let pong_line = line_of("return ping(n - 1, m) if n > 1 else gen_bottom(m)");
-    let inner_line = line_of("return inner(m - 1)");
+    let down_line = line_of("return down(n - 1)");
     for_each_interpreter(|py| {
         let target = py.spawn("kernel_cases.py", &["mixed", "150", "40"]);
         let (p, stderr) = record_kernel(target.pid(), &["--mode", "cpu", "-r", "1000"], "1", "kernel-mixed");
@@ -127,8 +127,8 @@ fn a_chain_across_pages_and_the_heap_is_copied_frame_for_frame() {
             let at = names.iter().position(|&f| f == "ping").unwrap_or_else(|| panic!("[{}] no ping: {names:?}", py.label));
             let mut want: Vec<(&str, Option<u32>)> = (0..150).map(|i| if i % 2 == 0 { ("ping", Some(ping_line)) } else { ("pong", Some(pong_line)) }).collect();
             want.extend([("gen_bottom", None), ("gen", None)]);
-            want.extend((0..39).map(|_| ("inner", Some(inner_line))));
-            want.push(("inner", None));
+            want.extend((0..39).map(|_| ("down", Some(down_line))));
+            want.push(("down", None));
             let got: Vec<(&str, Option<u32>)> = frames[at..].iter().zip(&want).map(|(f, w)| (f.function.as_str(), w.1.and(f.line))).collect();
             let rest = &names[(at + want.len()).min(names.len())..];
             assert!(

@@ -5,7 +5,7 @@ late:   print "ready", sleep 0.5 s, then start a thread spinning in
         `late_worker` (a thread the recording has not seen at its start).
 mixed N M: N frames alternating `ping` and `pong`, then a generator `gen`
         (whose frame lives in its object, not beside its caller's), M
-        frames of `inner` called from it, then spin in `leaf`: a chain
+        frames of `down` called from it, then spin in `leaf`: a chain
         that leaves one page for another and the data stack for the heap.
 blink:  a thread that blocks for 2 ms at a time in `nap`, between short
         runs of `leaf` (off CPU most of the time, never for long); the
@@ -41,20 +41,12 @@ def pong(n, m):
 
 
 def gen(m):
-    yield inner(m)
+    yield down(m)
 
 
 def gen_bottom(m):
     for _ in gen(m):
         pass
-
-
-def inner(m):
-    if m > 1:
-        return inner(m - 1)
-    print("ready", flush=True)
-    while True:
-        leaf()
 
 
 def late_worker():
