@@ -4,6 +4,9 @@ the time something else took from it (an interrupt and what runs in it, a
 BPF program, a ptrace stop, the hypervisor). Unlike a throughput, the sum
 does not move when the host runs the whole VM slower for a while.
 
+With an argument DEPTH, the loop runs DEPTH Python frames deep (a deep
+stack costs a sampler that copies it more per sample).
+
 Prints "ready"; on SIGUSR1 one line "<gap ns so far> <time.monotonic_ns()>",
 the two numbers bench/target.py prints, so the same harness reads both.
 Exits on SIGTERM. Python 3.8+, stdlib only.
@@ -34,11 +37,24 @@ def probe():
         last = t
 
 
+def start():
+    print("ready", flush=True)
+    probe()
+
+
+def down(n):
+    return down(n - 1) if n > 1 else start()
+
+
 def main():
     signal.signal(signal.SIGUSR1, report)
     signal.signal(signal.SIGTERM, lambda s, f: os._exit(0))
-    print("ready", flush=True)
-    probe()
+    depth = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    if depth:
+        sys.setrecursionlimit(depth + 100)
+        down(depth)
+    else:
+        start()
 
 
 main()

@@ -30,7 +30,8 @@ slowdown, without what the sampler's work does to the target's caches.
 
 Each window runs its sampler from --warmup s before the window to its end
 (pyprof's BPF programs load and attach in about 0.3 s). The target is
-bench/target.py (cpu, --depth frames deep, 3 by default) on CPU 0, the sampler on CPU 1 (as
+bench/target.py (cpu, --depth frames deep, 3 by default; --measure stolen:
+bench/gaps_target.py, --depth frames deep if given) on CPU 0, the sampler on CPU 1 (as
 bench/run.py pins them). Figures: median slowdown over rounds, with the
 interquartile range, and what one sample costs the target's CPU: the
 slowdown over the rate (per-CPU events fire every 1/rate s of each CPU's
@@ -140,7 +141,7 @@ def main():
     ap.add_argument("--warmup", type=float, default=0.6)
     ap.add_argument("--samplers", default="floor,kernel,ptrace,py-spy")
     ap.add_argument("--measure", choices=["throughput", "stolen"], default="throughput")
-    ap.add_argument("--depth", type=int, default=3)
+    ap.add_argument("--depth", type=int, help="frames deep the target works (default: 3; --measure stolen: as its loop is)")
     ap.add_argument("--json")
     args = ap.parse_args()
     samplers = [s for s in args.samplers.split(",") if s]
@@ -156,9 +157,9 @@ def main():
         for py in bench.find_pythons(args.pythons.split(","), private_proc=False):
             for rate in (int(r) for r in args.rates.split(",")):
                 if args.measure == "stolen":
-                    target = bench.Target(py, "gaps", 0, tmp, private_proc=False, script_args=[])
+                    target = bench.Target(py, "gaps", 0, tmp, private_proc=False, script_args=[str(args.depth)] if args.depth else [])
                 else:
-                    target = bench.Target(py, "cpu", args.depth, tmp, private_proc=False)
+                    target = bench.Target(py, "cpu", args.depth or 3, tmp, private_proc=False)
                 try:
                     per = {s: [] for s in samplers}
                     for r in range(args.rounds):
