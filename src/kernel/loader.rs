@@ -28,8 +28,9 @@ pub struct Refused {
 }
 
 fn refused(what: &str, e: impl std::fmt::Display) -> Refused {
-    let text = one_line(&e.to_string());
-    let lower = text.to_lowercase();
+    let full = e.to_string();
+    let lower = full.to_lowercase();
+    let text = one_line(&full);
     let hint = if lower.contains("permission") || lower.contains("not permitted") || lower.contains("eperm") {
         " (needs root, or CAP_BPF and CAP_PERFMON)"
     } else if lower.contains("not implemented") || lower.contains("invalid argument") {
