@@ -201,34 +201,32 @@ __attribute__((noinline)) long copy_frame(struct frame_copy *to, __u32 fb, __u64
 	fb &= MAX_FRAME_BYTES - 8;
 	__u64 above = c->above;
 	c->above = frame;
-	if (w && frame >= c->base && frame + fb <= c->end) {
-		// A constant size: loads and stores, no helper. The bytes past
-		// fb are the next frame's place in the record, written over, or
-		// past the record's length, not sent.
-		__builtin_memcpy(to->b, &w->b[(frame - c->base) & (WINDOW_BYTES - 1)], sizeof(to->b));
-		return 0;
-	}
-	if (!w || frame >= above || above - frame >= WINDOW_BYTES)
+	if (!w)
 		return bpf_probe_read_user(to->b, fb, (const void *)frame);
-	// Within the frame's page: those bytes are resident if the frame's
-	// are, so the read fails only where the frame's own would.
-	__u64 base = frame & ~(__u64)(WINDOW_BYTES - 1);
-	if (frame + fb - base > c->span)
-		base = frame + fb - c->span;
-	if (c->span < WINDOW_BYTES)
-		c->span *= 2;
-	__u64 len = frame + fb - base;
-	if (len > sizeof(w->b))
-		return -1;
-	len &= 8191;  // the verifier's own bound for it
-	long err = bpf_probe_read_user(w->b, len, (const void *)base);
-	if (err) {
-		c->base = c->end = 0;
-		return err;
+	if (frame < c->base || frame + fb > c->end) {
+		if (frame >= above || above - frame >= WINDOW_BYTES)
+			return bpf_probe_read_user(to->b, fb, (const void *)frame);
+		// Within the frame's page: those bytes are resident if the
+		// frame's are, so the read fails only where the frame's own would.
+		__u64 base = frame & ~(__u64)(WINDOW_BYTES - 1);
+		if (frame + fb - base > c->span)
+			base = frame + fb - c->span;
+		if (c->span < WINDOW_BYTES)
+			c->span *= 2;
+		__u64 len = frame + fb - base;
+		if (len > sizeof(w->b))
+			return -1;
+		len &= 8191;  // the verifier's own bound for it
+		long err = bpf_probe_read_user(w->b, len, (const void *)base);
+		c->base = err ? 0 : base;
+		c->end = err ? 0 : frame + fb;
+		if (err)
+			return err;
 	}
-	c->base = base;
-	c->end = frame + fb;
-	__builtin_memcpy(to->b, &w->b[(frame - base) & (WINDOW_BYTES - 1)], sizeof(to->b));
+	// A constant size: loads and stores, no helper. The bytes past fb are
+	// the next frame's place in the record, written over, or past the
+	// record's length, not sent.
+	__builtin_memcpy(to->b, &w->b[(frame - c->base) & (WINDOW_BYTES - 1)], sizeof(to->b));
 	return 0;
 }
 
