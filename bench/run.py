@@ -140,6 +140,13 @@ def find_pythons(wanted, private_proc):
             else:
                 log("skipping 3.15: needs root and %s (scripts/setup-fixtures.sh)" % exe)
             continue
+        if label == "static-3.11":
+            # Debian's own interpreter: static and stripped, the odd one out.
+            if os.path.exists("/usr/bin/python3.11"):
+                found.append(Python(label, "/usr/bin/python3.11"))
+            else:
+                log("skipping static-3.11: no /usr/bin/python3.11")
+            continue
         hits = sorted(glob.glob(os.path.join(PYENV_ROOT, "versions", label + ".*", "bin", "python" + label)))
         if hits:
             found.append(Python(label, hits[-1]))

@@ -7,7 +7,10 @@
 //!   2 percentage points of py-spy's default mode (it stops the target for
 //!   every sample, so its stacks are of one instant), recorded on the same
 //!   process in the same test. A sampler that lets a short call slip away
-//!   while it reads gives the caller the callee's time.
+//!   while it reads gives the caller the callee's time. The kernel sampler,
+//!   which stops nothing, records beside py-spy over the same seconds: py-spy's
+//!   stops move the target's own split by up to a few points, and only the
+//!   same seconds see the same split.
 //! - `churn_long_loop_share_and_ticks_kept`: tests/scripts/time_slices.py
 //!   spends alternate 20 ms slices in `long_loop` (no calls) and in many
 //!   short calls (some entered from C) on a stack that grows and shrinks;
@@ -280,18 +283,6 @@ const SECS_1K: f64 = 2.0;
 const SECS_10K: f64 = 0.4;
 const SHORT_FUNCS: [&str; 3] = ["loop", "g", "f"];
 const SHORT_BOUND_PP: f64 = 2.0;
-/// The kernel sampler's bound, wider by a measured gap: in two runs over
-/// the ten interpreters at both rates (2026-11-27, 21:00 and 21:40), its
-/// mean `loop` share was under py-spy's in 40 of 40 measurements, by
-/// 0.1-2.9 pp (2-5 standard errors at the largest), g and f above. Which
-/// side is off is not established: on one 3.12 process, pyprof's own
-/// ptrace sampler, paired with the kernel sampler in 40 pairs of 2-s
-/// recordings, read `loop` 5-15 pp above its neighbours in 6, the kernel
-/// sampler in none; py-spy, which stops the target as the ptrace sampler
-/// does, shows excursions of that size between its recordings here too.
-/// Issue 31 asks for 2 pp; this bound still fails a sampler as wrong as
-/// the one the exact samplers replaced (4-18 pp).
-const KERNEL_SHORT_BOUND_PP: f64 = 3.5;
 /// A measurement whose paired differences (below) scatter so that their
 /// mean's standard error passes this on any share is unsteady (see
 /// `Outcome::Unsteady`). Quiet, the standard errors here were 0.2-1.1 pp
@@ -347,9 +338,11 @@ fn paired_difference(ours: &[Chunk], spy: &[Chunk], f: &str) -> (f64, f64) {
 }
 
 /// One measurement of short_calls.py: pyprof's leaf shares at 1 and 10 kHz
-/// against py-spy's on one process.
+/// against py-spy's on one process. A sampler that stops nothing (the
+/// kernel sampler) records beside py-spy over the same seconds; one that
+/// stops the target takes turns with it.
 fn measure_short_callees(py: &Interpreter, pyspy: &Path, extra: &[&str]) -> Outcome {
-    let bound = if sampler_of(extra) == Some("kernel") { KERNEL_SHORT_BOUND_PP } else { SHORT_BOUND_PP };
+    let beside = sampler_of(extra) == Some("kernel");
     let target = spawn_argv(&py.label, &niced(py.argv("short_calls.py", &[])));
     let pid = target.pid();
     let dir = temp_dir("short");
@@ -362,7 +355,8 @@ fn measure_short_callees(py: &Interpreter, pyspy: &Path, extra: &[&str]) -> Outc
     let began = Instant::now();
     let mut step = 0;
     for cycle in 0..MAX_CYCLES {
-        let mut order = [0, 1000, 10_000];
+        // 0 is py-spy on its own.
+        let mut order: Vec<u32> = if beside { vec![1000, 10_000] } else { vec![0, 1000, 10_000] };
         if cycle % 2 == 1 {
             order.reverse();
         }
@@ -370,15 +364,27 @@ fn measure_short_callees(py: &Interpreter, pyspy: &Path, extra: &[&str]) -> Outc
             step += 1;
             let from = began.elapsed().as_secs_f64();
             let middle = || (from + began.elapsed().as_secs_f64()) / 2.0;
+            let spy_out = dir.join(format!("pyspy-{step}.txt"));
             if rate == 0 {
-                let rec = pyspy_attach(pyspy, pid, SPY_RATE, SPY_SECS, &dir.join(format!("pyspy-{step}.txt")));
-                let counts = rec.leaf_functions();
+                let counts = pyspy_attach(pyspy, pid, SPY_RATE, SPY_SECS, &spy_out).leaf_functions();
                 spy_chunks.push(Chunk { at: middle(), shares: percent(&counts) });
                 add_counts(&mut spy, &counts);
                 continue;
             }
-            let secs = if rate == 1000 { SECS_1K } else { SECS_10K };
+            let alongside = beside.then(|| {
+                let pyspy = pyspy.to_path_buf();
+                std::thread::spawn(move || pyspy_attach(&pyspy, pid, SPY_RATE, SPY_SECS, &spy_out).leaf_functions())
+            });
+            let secs = if beside { SPY_SECS as f64 } else if rate == 1000 { SECS_1K } else { SECS_10K };
             let rec = pyprof_attach(pid, rate, secs, &dir.join(format!("pyprof-{rate}-{step}.json")), extra);
+            let spy_counts = alongside.map(|t| t.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
+            // Both recordings of a step share one instant, so each pair
+            // compares the same seconds of the target.
+            let at = middle();
+            if let Some(counts) = spy_counts {
+                spy_chunks.push(Chunk { at, shares: percent(&counts) });
+                add_counts(&mut spy, &counts);
+            }
             if let Some(want) = sampler_of(extra) {
                 let p = rec.profile.as_ref().unwrap();
                 let msg = format!("[{}] --sampler {want} did not run (meta.sampling.method {})", py.label, p.meta.sampling.method);
@@ -408,12 +414,12 @@ fn measure_short_callees(py: &Interpreter, pyspy: &Path, extra: &[&str]) -> Outc
                 ));
             }
             let counts = rec.leaf_functions();
-            rate_chunks.entry(rate).or_default().push(Chunk { at: middle(), shares: percent(&counts) });
+            rate_chunks.entry(rate).or_default().push(Chunk { at, shares: percent(&counts) });
             add_counts(rates.entry(rate).or_default(), &counts);
         }
         let done = cycle + 1;
         if done % CYCLES == 0 {
-            let verdict = short_callees_verdict(py, bound, &spy, &spy_chunks, &rates, &rate_chunks);
+            let verdict = short_callees_verdict(py, SHORT_BOUND_PP, &spy, &spy_chunks, &rates, &rate_chunks);
             if verdict.decided || done == MAX_CYCLES {
                 return verdict.outcome;
             }
@@ -531,9 +537,16 @@ fn method_of(sampler: &str) -> &str {
 /// its on-CPU samples share out like py-spy's. In CI (root, BPF allowed)
 /// the kernel sampler must run.
 ///
-/// Judged by [`KERNEL_SHORT_BOUND_PP`], not 2 pp: with enough cycles to
-/// see it, it reads `loop` about 1.5 pp under py-spy (see there for why
-/// that need not be the kernel sampler's error).
+/// It stops nothing, so it records beside py-spy over the same seconds
+/// (2 s at 1 kHz, then 2 s at 10 kHz, each with a 1 kHz py-spy recording)
+/// and is judged by the same 2 pp. Taking turns with py-spy, as the ptrace
+/// sampler does, measured py-spy's own effect on the target: its stops
+/// raise `loop`'s true share (sid-3.15, 2026-12-06, bench/intrusion.py:
+/// the kernel sampler read `loop` 1.96±0.67 pp higher while py-spy ran
+/// beside it, and agreed with py-spy over those seconds within
+/// 0.51±0.51 pp), so in CI (2026-12-06) the turns read `loop` 3.0-4.2 pp
+/// under py-spy on sid-3.15 and 3.4-6.4 on the static 3.11, where calls are
+/// cheapest. Over the same seconds that effect is common to both.
 #[test]
 fn short_callees_match_pyspy_with_the_kernel_sampler() {
     let Some(pyspy) = pyspy_bin() else { return };
