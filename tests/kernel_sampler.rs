@@ -43,10 +43,35 @@ fn record_kernel(pid: i32, extra: &[&str], secs: &str, tag: &str) -> (Profile, S
     let pid = pid.to_string();
     let mut args = vec!["record", "--pid", &pid, "--sampler", "kernel", "-d", secs, "-f", "json", "-o", out.to_str().unwrap()];
     args.extend_from_slice(extra);
-    let o = pyprof(&args);
+    // Every stack taken in part from its thread's last record is walked
+    // whole too, and pyprof stops at the first difference.
+    let o = pyprof_env(&args, &[("PYPROF_CHECK_MEMO", "1")]);
     let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(o.status.success(), "pyprof record failed: {stderr}");
     (read_profile(&out), stderr)
+}
+
+/// Frames taken from the thread's last record (`kernel::memo`) instead of
+/// walked again are what the walk would have given: time_slices.py keeps
+/// 40 frames still while the ones above them grow and shrink, with calls
+/// entered from C between them (another state for the walk to reach a
+/// shared frame in). With PYPROF_CHECK_MEMO=1 (`record_kernel`) pyprof
+/// walks each such stack whole too and fails at the first difference; and
+/// most frames must have been taken, or the check checked nothing.
+#[test]
+fn frames_taken_from_the_last_record_are_the_walks_own() {
+    for_each_interpreter(|py| {
+        let target = py.spawn("time_slices.py", &[]);
+        let (p, stderr) = record_kernel(target.pid(), &["--mode", "cpu", "-r", "10000"], "2", "kernel-memo");
+        if !kernel_ran(&p.meta.sampling.method, &stderr, &py.label) {
+            return;
+        }
+        let k = p.meta.sampling.kernel.as_ref().unwrap();
+        let samples = p.meta.samples;
+        assert!(samples >= 2000, "[{}] only {samples} samples in 2 s at 10 kHz: {stderr}", py.label);
+        assert!(k.reused_frames >= 30 * samples, "[{}] {} frames taken from the last record over {samples} samples: {k:?}", py.label, k.reused_frames);
+        eprintln!("kernel: [{}] {samples} samples, {:.1} frames a sample taken from the last record", py.label, k.reused_frames as f64 / samples as f64);
+    });
 }
 
 /// A tight loop calling two short functions, sampled at 10 kHz: a frame

@@ -8,7 +8,7 @@ use std::cell::Cell;
 use crate::error::{Error, Result};
 use crate::process::memory::{RemoteMemory, field_u64};
 
-use super::record::Header;
+use super::record::{Header, IDENT_BYTES};
 
 #[derive(Default)]
 pub struct Captured {
@@ -44,6 +44,27 @@ impl Captured {
         }
     }
 
+    /// Hand this copy's frames (address, offset in the bytes) and bytes
+    /// over in exchange for `frames` and `data`, which it clears: the copy
+    /// is empty until the next `load`.
+    pub fn hand_over(&mut self, frames: &mut Vec<(u64, usize)>, data: &mut Vec<u8>) {
+        std::mem::swap(&mut self.frames, frames);
+        std::mem::swap(&mut self.data, data);
+        self.frames.clear();
+        self.data.clear();
+    }
+
+    /// Bytes of each frame as the record carries them (the frame, then its
+    /// code's ident word).
+    pub fn stride(&self) -> usize {
+        self.len + IDENT_BYTES
+    }
+
+    /// The bytes of frames `from..` as the record carries them, end to end.
+    pub fn bytes_from(&self, from: usize) -> &[u8] {
+        self.frames.get(from).map_or(&[], |&(_, at)| &self.data[at..])
+    }
+
     /// The address of the `i`th frame (innermost = 0).
     pub fn frame(&self, i: usize) -> Option<u64> {
         self.frames.get(i).map(|f| f.0)
@@ -59,6 +80,13 @@ impl Captured {
     /// Frames in the copy.
     pub fn frames(&self) -> usize {
         self.frames.len()
+    }
+
+    /// The `i`th frame's address and its bytes as the record carries them
+    /// (the frame, then its code's ident word).
+    pub fn whole(&self, i: usize) -> Option<(u64, &[u8])> {
+        let &(addr, at) = self.frames.get(i)?;
+        Some((addr, &self.data[at..at + self.len + IDENT_BYTES]))
     }
 
     fn find(&self, addr: u64) -> Option<usize> {
@@ -94,7 +122,7 @@ impl RemoteMemory for Captured {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::record::{FLAG_TRUNCATED, IDENT_BYTES};
+    use crate::kernel::record::FLAG_TRUNCATED;
 
     /// Frames of 16 bytes, `previous` at 8, each followed by ident `i + 1`.
     fn chain(addrs: &[u64], flags: u16) -> (Header, Vec<u8>) {

@@ -18,6 +18,7 @@ use crate::stack::{Frame, ThreadStack};
 
 use super::captured::Captured;
 use super::ident::{IDENT_NONE, IdentRule};
+use super::memo::Memo;
 use super::record::{FLAG_WORD_FAULT, Header, IDENT_BYTES, MAX_FRAME_BYTES, MAX_FRAMES, NO_CFRAME, NO_FIELD, RECORD_DATA, TargetConfig};
 use super::tasks::blocks::Blocks;
 
@@ -52,6 +53,14 @@ pub struct Converter {
     /// This record's walk was handed `gone` for some code object.
     stood_in: bool,
     interp: u64,
+    /// Each thread's last stack; None where the walk must be whole
+    /// (`--native` and `--async` use what the walk notes of every frame).
+    memo: Option<Memo>,
+    /// Frames the last record took from its thread's previous one.
+    pub reused: usize,
+    /// PYPROF_CHECK_MEMO: walk every spliced stack whole too, and stop at
+    /// the first difference (a developer's check the tests turn on).
+    check: bool,
 }
 
 /// Bytes of a frame the walk reads: up to its last field, in whole words.
@@ -105,6 +114,7 @@ impl Converter {
         offsets.frame.size = frame_bytes(&offsets);
         let mut walker = FrameWalker::default();
         walker.copies_only();
+        walker.keep_waypoints();
         Converter {
             offsets,
             walker,
@@ -114,6 +124,9 @@ impl Converter {
             gone: Arc::new(CodeInfo { name: CODE_GONE.into(), filename: "".into(), firstlineno: 0, linetable: Box::new([]), first_traceable: 0, shim: false }),
             stood_in: false,
             interp: main_interp,
+            memo: Some(Memo::default()),
+            reused: 0,
+            check: std::env::var_os("PYPROF_CHECK_MEMO").is_some_and(|v| v == "1"),
         }
     }
 
@@ -121,6 +134,12 @@ impl Converter {
     /// coroutine on the stack by it).
     pub fn keep_addresses(&mut self) {
         self.walker.keep_addresses();
+        self.memo = None;
+    }
+
+    /// Every record's walk is whole (`--native` merges by the walk's eval groups).
+    pub fn walk_whole(&mut self) {
+        self.memo = None;
     }
 
     /// The interpreter whose GIL and code counter the capture reads.
@@ -134,13 +153,13 @@ impl Converter {
     /// after which its ident must still be the captured one; if it is not,
     /// and a code object is there, the captured one is gone. Every Python
     /// frame's code is settled here: the walk reads no code object live.
-    fn resolve(&mut self, live: &VmReader) {
+    fn resolve(&mut self, live: &VmReader, frames: usize) {
         let (code_off, mask) = (self.offsets.frame.code as usize, self.offsets.constants.executable_tag_mask);
         let mut last = 0;
         self.stood_in = false;
         // The innermost frame named the code object it had at the interrupt.
         let mut start_named = false;
-        for i in 0..self.mem.frames() {
+        for i in 0..frames {
             let Some((frame, captured)) = self.mem.copy(i) else { break };
             let code = field_u64(frame, code_off) & !mask;
             if code == last || check_pointer(code, "code").is_err() {
@@ -241,33 +260,99 @@ impl Converter {
         }
         self.mem.load(h, frames, self.offsets.frame.previous as usize);
         self.codes.begin_snapshot();
-        self.resolve(live);
-        // Every code object the walk asks for was settled just now; no
-        // counter proves anything here (see `kernel::ident`).
-        let code = Sources { held: live, fresh: live, gens_at: 1 };
-        let gens = Generations { interp: self.interp, ..Generations::default() };
+        self.reused = 0;
         let hooked = h.tracing != 0 && h.flags & FLAG_WORD_FAULT == 0;
-        let ctx = WalkContext { mem: &self.mem, code: &code, offsets: &self.offsets, gens, hooked };
-        let outcome = match self.walker.walk(&ctx, &mut self.codes, h.frame, out) {
-            Ok(()) => Outcome::Stack,
+        let n = self.mem.frames();
+        // The frames shared with this thread's last record are settled
+        // already: their idents are the ones the last record proved.
+        let shared = match &self.memo {
+            Some(m) if !h.cut() => m.shared(h.tid, hooked, &self.mem),
+            _ => 0,
+        };
+        let stop = if shared > 0 { self.mem.frame(n - shared).unwrap_or(0) } else { 0 };
+        self.resolve(live, n - shared);
+        let mut spliced = None;
+        let mut walked = self.walk(live, hooked, h.frame, stop, out);
+        if let Ok(Some(at)) = walked {
+            match self.memo.as_ref().and_then(|m| m.splice(h.tid, at, out)) {
+                Some(k) => {
+                    self.reused = k;
+                    spliced = Some(at);
+                    walked = Ok(None);
+                }
+                // Reached in another state: walked whole after all.
+                None => {
+                    self.resolve(live, n);
+                    walked = self.walk(live, hooked, h.frame, 0, out);
+                }
+            }
+        }
+        if self.check && spliced.is_some() {
+            self.check_splice(live, hooked, h, out);
+        }
+        let outcome = match walked {
+            Ok(_) => Outcome::Stack,
             Err(e) if e.is_transient() => {
                 // Caught mid-push: the rules saw a frame not yet (or no
                 // longer) linked as they require. The caller's chain was
                 // whole before the push began.
-                let caller = self.mem.frame(1);
-                match caller.map(|f| self.walker.walk(&ctx, &mut self.codes, f, out)) {
-                    Some(Ok(())) => Outcome::MidPush,
+                if shared > 0 {
+                    self.resolve(live, n);
+                }
+                match self.mem.frame(1).map(|f| self.walk(live, hooked, f, 0, out)) {
+                    Some(Ok(_)) => Outcome::MidPush,
                     _ => {
                         out.clear();
+                        self.forget(h.tid);
                         return Ok(Outcome::Torn);
                     }
                 }
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                self.forget(h.tid);
+                return Err(e);
+            }
         };
+        match &mut self.memo {
+            Some(m) if outcome == Outcome::Stack && !h.cut() && !self.stood_in => m.keep(h.tid, hooked, &mut self.mem, &self.walker.waypoints, spliced, out),
+            Some(m) => m.forget(h.tid),
+            None => {}
+        }
         if h.cut() {
             out.push(Frame::python(TRUNCATED, "", 0));
         }
         Ok(outcome)
+    }
+
+    fn forget(&mut self, tid: u32) {
+        if let Some(m) = &mut self.memo {
+            m.forget(tid);
+        }
+    }
+
+    /// The walk over this record's copy, from `frame` until `stop`.
+    fn walk(&mut self, live: &VmReader, hooked: bool, frame: u64, stop: u64, out: &mut Vec<Frame>) -> Result<Option<crate::python::frames::Waypoint>> {
+        // Every code object the walk asks for was settled by `resolve`;
+        // no counter proves anything here (see `kernel::ident`).
+        let code = Sources { held: live, fresh: live, gens_at: 1 };
+        let gens = Generations { interp: self.interp, ..Generations::default() };
+        let ctx = WalkContext { mem: &self.mem, code: &code, offsets: &self.offsets, gens, hooked };
+        self.walker.walk_until(&ctx, &mut self.codes, frame, stop, out)
+    }
+
+    /// PYPROF_CHECK_MEMO: the spliced stack `out` is the whole walk's.
+    fn check_splice(&mut self, live: &VmReader, hooked: bool, h: &Header, out: &[Frame]) {
+        let stood_in = self.stood_in;
+        self.resolve(live, self.mem.frames());
+        self.stood_in = stood_in;
+        let mut whole = Vec::new();
+        let mut scratch = FrameWalker::default();
+        scratch.copies_only();
+        let code = Sources { held: live, fresh: live, gens_at: 1 };
+        let gens = Generations { interp: self.interp, ..Generations::default() };
+        let ctx = WalkContext { mem: &self.mem, code: &code, offsets: &self.offsets, gens, hooked };
+        let got = scratch.walk(&ctx, &mut self.codes, h.frame, &mut whole);
+        let same = got.is_ok() && whole.len() == out.len() && whole.iter().zip(out).all(|(a, b)| a == b);
+        assert!(same, "PYPROF_CHECK_MEMO: tid {} spliced {} frames into {:?}, whole walk {got:?} gives {:?}", h.tid, self.reused, out, whole);
     }
 }

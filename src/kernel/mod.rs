@@ -19,6 +19,7 @@ pub mod choose;
 pub mod convert;
 pub mod ident;
 pub mod loader;
+pub mod memo;
 pub mod native;
 pub mod off_cpu;
 pub mod record;

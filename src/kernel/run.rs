@@ -84,7 +84,9 @@ fn switch_stack(
     };
     t.native_id = Some(u64::from(h.tid));
     t.name = names.get(h.tid).map(str::to_owned);
-    match converter.stack(&h, &rec[HEADER_LEN..], &s.attached().mem, &mut t.frames) {
+    let stack = converter.stack(&h, &rec[HEADER_LEN..], &s.attached().mem, &mut t.frames);
+    made.reused_frames += converter.reused as u64;
+    match stack {
         Ok(Outcome::Stack) => {}
         Ok(Outcome::MidPush) => made.mid_push += 1,
         Ok(Outcome::Torn) | Err(_) => {
@@ -424,6 +426,7 @@ pub fn run(
                     ks.counts.mid_push += made.mid_push;
                     ks.counts.torn += made.torn;
                     ks.counts.code_gone += made.code_gone;
+                    ks.counts.reused_frames += made.reused_frames;
                 }
             }
             ks.counts.wall_ticks = t.taken;
@@ -481,6 +484,7 @@ pub fn run(
             let mut is_torn = false;
             let stack = p.target.converter.stack(&h, &rec[HEADER_LEN..], &a.mem, &mut frames);
             ks.counts.code_gone += u64::from(stack.is_ok() && p.target.converter.shows_gone(&frames));
+            ks.counts.reused_frames += p.target.converter.reused as u64;
             match stack {
                 Ok(Outcome::Stack) => {}
                 Ok(Outcome::MidPush) => ks.counts.mid_push += 1,

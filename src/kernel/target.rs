@@ -75,6 +75,9 @@ impl KernelTarget {
         if tasks.is_some() {
             converter.keep_addresses();
         }
+        if k.native().is_some() {
+            converter.walk_whole();
+        }
         let mut t = KernelTarget {
             pid: a.target.pid,
             converter,

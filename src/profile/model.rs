@@ -176,6 +176,11 @@ pub struct KernelSampling {
     pub truncated: u64,
     /// Lost to a full ring buffer.
     pub lost: u64,
+    /// Frames taken from the same thread's previous record instead of
+    /// walked again (`kernel::memo`): they were the same bytes at the same
+    /// addresses.
+    #[serde(default)]
+    pub reused_frames: u64,
     /// The CPU time the BPF program spent on the target's CPUs (kernel
     /// BPF statistics; 0 where they could not be enabled), and its runs.
     pub program_ns: u64,

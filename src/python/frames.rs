@@ -17,8 +17,8 @@ pub const MAX_DEPTH: usize = 8192;
 
 /// How a frame was entered, as its caller sees it (3.11–3.13's stacktop
 /// says different things for each).
-#[derive(Clone, Copy)]
-enum Callee {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Callee {
     /// No frame above, or one that tells nothing (no code).
     None,
     /// Pushed by the eval loop itself: the caller saved its stacktop.
@@ -66,6 +66,22 @@ pub struct FrameWalker {
     /// Walks over a copy taken in one instant note nothing for `verify`.
     copies_only: bool,
     lines: LineMemo,
+    /// With [`keep_waypoints`](Self::keep_waypoints): where the last walk
+    /// stood as it reached each frame, in walk order.
+    pub waypoints: Vec<Waypoint>,
+    keep_waypoints: bool,
+}
+
+/// Where a walk stood as it reached a frame, before reading it: what comes
+/// out of that frame and those below it depends on their bytes and on
+/// this alone, so a walk that reaches the same frames in the same state
+/// may take an earlier walk's frames from there on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Waypoint {
+    pub frame: u64,
+    /// Frames put out before it.
+    pub put: usize,
+    pub callee: Callee,
 }
 
 /// Lines already decoded, by (code object, instruction): a caller parked on
@@ -447,7 +463,20 @@ impl FrameWalker {
     /// back the last sample's vector lets frames that did not change keep
     /// their shared strings, so a steady stack costs no reference-count
     /// traffic (at depth 100 the clones and drops were a fifth of a sample).
-    pub fn walk(&mut self, ctx: &WalkContext, codes: &mut CodeCache, mut frame: u64, out: &mut Vec<Frame>) -> Result<()> {
+    pub fn walk(&mut self, ctx: &WalkContext, codes: &mut CodeCache, frame: u64, out: &mut Vec<Frame>) -> Result<()> {
+        self.walk_until(ctx, codes, frame, 0, out).map(|_| ())
+    }
+
+    /// Note a [`Waypoint`] for every frame walked ([`Self::waypoints`]).
+    pub fn keep_waypoints(&mut self) {
+        self.keep_waypoints = true;
+    }
+
+    /// [`walk`](Self::walk), stopping as it reaches the frame at `stop` (0:
+    /// never): then `out` holds the frames put out before it, and past
+    /// them whatever it held, and where the walk stood there is returned
+    /// (the eval groups of such a walk are not closed).
+    pub fn walk_until(&mut self, ctx: &WalkContext, codes: &mut CodeCache, mut frame: u64, stop: u64, out: &mut Vec<Frame>) -> Result<Option<Waypoint>> {
         let o = ctx.offsets;
         self.buf.resize(o.frame.size as usize, 0);
         self.groups.clear();
@@ -461,7 +490,15 @@ impl FrameWalker {
         let mut last_code = 0u64;
         // How the frame visited last (this one's callee) was entered.
         let mut callee = Callee::None;
+        self.waypoints.clear();
         while frame != 0 {
+            let here = Waypoint { frame, put: n, callee };
+            if frame == stop {
+                return Ok(Some(here));
+            }
+            if self.keep_waypoints {
+                self.waypoints.push(here);
+            }
             visited += 1;
             if visited > MAX_DEPTH {
                 return Err(Error::Corrupt(format!("frame chain deeper than {MAX_DEPTH}")));
@@ -524,7 +561,7 @@ impl FrameWalker {
         }
         self.close_group(n, 0);
         out.truncate(n);
-        Ok(())
+        Ok(None)
     }
 
     /// Remember the words this frame's place in the stack rests on, for
