@@ -21,7 +21,8 @@ use crate::stack::Frame;
 use super::captured::Captured;
 
 /// Threads remembered; past it one is forgotten for each new one, so a
-/// process of many threads costs bounded memory (a record is at most 16 KiB).
+/// process of many threads costs bounded memory (a record is at most 32 KiB:
+/// 2 MiB in all).
 const THREADS_KEPT: usize = 64;
 
 /// Fewer shared frames than this are walked again: the compare would cost
@@ -107,8 +108,11 @@ impl Memo {
     /// hands its copy over.
     pub fn keep(&mut self, tid: u32, hooked: bool, mem: &mut Captured, walked: &[Waypoint], spliced: Option<Waypoint>, out: &[Frame]) {
         if !self.threads.contains_key(&tid) && self.threads.len() >= THREADS_KEPT {
+            // The forgotten thread's buffers serve the new one.
             let gone = self.threads.keys().next().copied();
-            gone.map(|t| self.threads.remove(&t));
+            if let Some(last) = gone.and_then(|t| self.threads.remove(&t)) {
+                self.threads.insert(tid, last);
+            }
         }
         let last = self.threads.entry(tid).or_default();
         last.hooked = hooked;
