@@ -336,3 +336,44 @@ fn committed_bpf_object_matches_its_source() {
         assert!(built == committed, "src/kernel/bpf/{name}.bpf.o is not what scripts/build-bpf.sh builds from {name}.bpf.c: run it and commit the object");
     }
 }
+
+/// A reader that cannot keep up with the ring still ends at its duration
+/// and writes what it took. pyprof shares its CPU with a spinning process
+/// and unwinds 100-frame stacks with `--native` at 50 kHz, so records come
+/// faster than it reads them: a drain that ran until the ring was empty
+/// never ended (killed after 30 s of a 2 s recording, 2026-12-07).
+#[test]
+fn a_reader_behind_the_ring_still_stops_at_its_duration() {
+    let Some(py) = interpreter("pyenv-3.12") else { return };
+    let target = py.spawn("kernel_cases.py", &["deep", "100"]);
+    // Killed however the test ends.
+    struct Hog(std::process::Child);
+    impl Drop for Hog {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let hog = Hog(Command::new("taskset").args(["-c", "1", "sh", "-c", "while :; do :; done"]).spawn().unwrap());
+    let out = temp_dir("kernel-behind").join("p.json");
+    let mut cmd = Command::new("taskset");
+    cmd.args(["-c", "1", pyprof_bin(), "record", "--pid", &target.pid().to_string(), "--sampler", "kernel", "--mode", "cpu", "--native"])
+        .args(["-r", "50000", "-d", "2", "-f", "json", "-o"])
+        .arg(&out);
+    let started = std::time::Instant::now();
+    let o = output_within(cmd, Duration::from_secs(30));
+    let took = started.elapsed();
+    drop(hog);
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "pyprof record failed: {stderr}");
+    let p = read_profile(&out);
+    if !kernel_ran(&p.meta.sampling.method, &stderr, &py.label) {
+        return;
+    }
+    let k = p.meta.sampling.kernel.as_ref().unwrap();
+    assert!(took < Duration::from_secs(12), "a 2 s recording took {took:?}: {stderr}");
+    assert!(p.meta.samples > 0, "no samples: {stderr}");
+    // Else the reader kept up, and this tested nothing.
+    assert!(k.lost > 0 || (p.meta.samples as f64) < 0.8 * 50_000.0 * 2.0, "pyprof kept up with 50 kHz: {k:?}");
+    eprintln!("kernel: behind the ring, {} samples and {} records lost in {took:?}", p.meta.samples, k.lost);
+}

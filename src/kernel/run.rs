@@ -38,6 +38,10 @@ fn drain_period(rate_hz: f64) -> Duration {
     Duration::from_secs_f64((50.0 / rate_hz.max(1.0)).clamp(0.001, 0.020))
 }
 
+/// The longest one drain of the ring runs before the loop looks at Ctrl-C,
+/// the duration and its targets again (and drains on, without a sleep).
+const DRAIN_BUDGET: Duration = Duration::from_millis(20);
+
 /// Records drained before a tick, handled after it.
 #[derive(Default)]
 struct Pending {
@@ -294,6 +298,9 @@ pub fn run(
     let mut last_progress = Duration::ZERO;
     let mut last_alive = Instant::now();
     let mut last_thorough = Instant::now();
+    // The last drain emptied the ring: a loop that left records in it
+    // drains again without a sleep.
+    let mut emptied = true;
     let reason = loop {
         if let Some(hz) = cfg.rate_control.as_ref().map(|r| f64::from_bits(r.load(Ordering::Relaxed))) {
             if hz != rate_hz && hz > 0.0 && hz.is_finite() && k.set_rate(hz).is_ok() {
@@ -304,6 +311,7 @@ pub fn run(
             }
         }
         match &ticks {
+            _ if !emptied => {}
             // Wall mode wakes at its ticks only: woken by each record as
             // well, pyprof ran just after each firing and, with no CPU to
             // spare, pushed the very thread just sampled off its CPU; a
@@ -325,7 +333,7 @@ pub fn run(
         // and handled after the tick, as they are without them.
         pending.clear();
         if k.switch_records() {
-            k.drain(|rec| {
+            emptied = k.drain(DRAIN_BUDGET, |rec| {
                 let Some(h) = Header::parse(rec) else { return };
                 if h.flags & FLAG_EXEC != 0 {
                     execs.push(h.pid);
@@ -541,7 +549,7 @@ pub fn run(
         if k.switch_records() {
             pending.iter().for_each(&mut handle);
         } else {
-            k.drain(handle);
+            emptied = k.drain(DRAIN_BUDGET, handle);
         }
         note_execs(&mut execs, sessions, &mut ks);
         for p in procs.values_mut() {
