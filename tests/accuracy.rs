@@ -375,7 +375,13 @@ fn measure_short_callees(py: &Interpreter, pyspy: &Path, extra: &[&str]) -> Outc
                 let pyspy = pyspy.to_path_buf();
                 std::thread::spawn(move || pyspy_attach(&pyspy, pid, SPY_RATE, SPY_SECS, &spy_out).leaf_functions())
             });
-            let secs = if beside { SPY_SECS as f64 } else if rate == 1000 { SECS_1K } else { SECS_10K };
+            let secs = if beside {
+                SPY_SECS as f64
+            } else if rate == 1000 {
+                SECS_1K
+            } else {
+                SECS_10K
+            };
             let rec = pyprof_attach(pid, rate, secs, &dir.join(format!("pyprof-{rate}-{step}.json")), extra);
             let spy_counts = alongside.map(|t| t.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
             // Both recordings of a step share one instant, so each pair
