@@ -345,14 +345,14 @@ impl Converter {
         let stood_in = self.stood_in;
         self.resolve(live, self.mem.frames());
         self.stood_in = stood_in;
-        let mut whole = Vec::new();
+        // A walker of its own: the splice's waypoints are kept after this.
         let mut scratch = FrameWalker::default();
         scratch.copies_only();
-        let code = Sources { held: live, fresh: live, gens_at: 1 };
-        let gens = Generations { interp: self.interp, ..Generations::default() };
-        let ctx = WalkContext { mem: &self.mem, code: &code, offsets: &self.offsets, gens, hooked };
-        let got = scratch.walk(&ctx, &mut self.codes, h.frame, &mut whole);
-        let same = got.is_ok() && whole.len() == out.len() && whole.iter().zip(out).all(|(a, b)| a == b);
+        let spliced = std::mem::replace(&mut self.walker, scratch);
+        let mut whole = Vec::new();
+        let got = self.walk(live, hooked, h.frame, 0, &mut whole);
+        self.walker = spliced;
+        let same = got.is_ok() && whole == out;
         assert!(same, "PYPROF_CHECK_MEMO: tid {} spliced {} frames into {:?}, whole walk {got:?} gives {:?}", h.tid, self.reused, out, whole);
     }
 }
