@@ -100,9 +100,9 @@ fn tight_call_loop_at_10khz_gives_only_possible_stacks() {
     });
 }
 
-/// 600 frames deep, past the bound for every layout (what a record holds
-/// with each frame's ident: 272 for 3.8's frame objects, more from 3.11,
-/// never under 256):
+/// 600 frames deep, past the bound for every layout (512 frames, the
+/// capture program's loop bound; a record holds that many of any layout's
+/// frames):
 /// the stack is kept to the bound, ends in `[truncated]` at its root end,
 /// and the cut is counted.
 #[test]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::offsets::Offsets;
-use crate::process::memory::{RemoteMemory, VmReader, check_pointer, field_u64};
+use crate::process::memory::{RemoteMemory, VmReader, check_pointer};
 use crate::python::asyncio::{Readers, TaskGraph, ThreadView};
 use crate::python::code::{CodeCache, CodeInfo, Generations, Sources};
 use crate::python::frames::{FrameWalker, WalkContext};
@@ -17,6 +17,7 @@ use crate::python::interpreter::Interpreter;
 use crate::stack::{Frame, ThreadStack};
 
 use super::captured::Captured;
+use super::frame_words::FrameWords;
 use super::ident::{IDENT_NONE, IdentRule};
 use super::memo::Memo;
 use super::record::{FLAG_WORD_FAULT, Header, IDENT_BYTES, MAX_FRAME_BYTES, MAX_FRAMES, NO_CFRAME, NO_FIELD, RECORD_DATA, TargetConfig};
@@ -48,6 +49,8 @@ pub struct Converter {
     walker: FrameWalker,
     codes: CodeCache,
     mem: Captured,
+    /// The words of a frame its records carry.
+    words: FrameWords,
     ident: IdentRule,
     gone: Arc<CodeInfo>,
     /// This record's walk was handed `gone` for some code object.
@@ -65,18 +68,16 @@ pub struct Converter {
 
 /// Bytes of a frame the walk reads: up to its last field, in whole words.
 pub fn frame_bytes(o: &Offsets) -> u64 {
-    let f = &o.frame;
-    let end = [Some(f.previous), Some(f.code), Some(f.instr), f.owner, f.is_entry, f.stacktop].into_iter().flatten().max().unwrap_or(0) + 8;
-    end.div_ceil(8) * 8
+    FrameWords::for_offsets(o).map_or(0, |w| w.bytes)
 }
 
 /// What the capture program must know of a target: offsets as numbers.
-/// None when this build's frames need more bytes than the program copies.
+/// None when this build's frames need more than the program copies.
 pub fn target_config(interp: &Interpreter, main_interp: u64) -> Option<TargetConfig> {
     let o = &interp.offsets;
-    let fb = frame_bytes(o);
+    let words = FrameWords::for_offsets(o)?;
     let ident = IdentRule::for_offsets(o);
-    if fb > MAX_FRAME_BYTES || ident.kind == IDENT_NONE || o.frame.code % 8 != 0 {
+    if words.bytes > MAX_FRAME_BYTES || ident.kind == IDENT_NONE || o.frame.code % 8 != 0 || o.frame.previous % 8 != 0 {
         return None;
     }
     let mut gil = Vec::new();
@@ -90,12 +91,15 @@ pub fn target_config(interp: &Interpreter, main_interp: u64) -> Option<TargetCon
         frame_off: o.thread.current_frame as u32,
         cframe_off: o.thread.cframe_current_frame.map_or(NO_CFRAME, |c| c as u32),
         previous_off: o.frame.previous as u32,
-        frame_bytes: fb as u32,
-        max_frames: (RECORD_DATA as u64 / (fb + IDENT_BYTES as u64)).min(MAX_FRAMES as u64) as u32,
+        frame_bytes: words.bytes as u32,
+        max_frames: (RECORD_DATA / (words.copied() + IDENT_BYTES)).min(MAX_FRAMES as usize) as u32,
         tracing_off: o.thread.tracing.map_or(NO_FIELD, |t| t as u32),
         code_off: o.frame.code as u32,
         ident,
-        pad: 0,
+        nwords: words.n as u32,
+        words: words.words,
+        code_at: words.place(o.frame.code)?,
+        previous_at: words.place(o.frame.previous)?,
     })
 }
 
@@ -111,7 +115,10 @@ fn alive(mem: &VmReader, addr: u64) -> bool {
 impl Converter {
     pub fn new(interp: &Interpreter, main_interp: u64) -> Converter {
         let mut offsets = interp.offsets.clone();
-        offsets.frame.size = frame_bytes(&offsets);
+        // A target without words has no kernel sampler (`target_config`);
+        // a record for it is refused for its size.
+        let words = FrameWords::for_offsets(&offsets).unwrap_or(FrameWords::none());
+        offsets.frame.size = words.bytes;
         let mut walker = FrameWalker::default();
         walker.copies_only();
         walker.keep_waypoints();
@@ -120,6 +127,7 @@ impl Converter {
             walker,
             codes: CodeCache::new(interp.image.clone()),
             mem: Captured::default(),
+            words,
             ident: IdentRule::for_offsets(&interp.offsets),
             gone: Arc::new(CodeInfo { name: CODE_GONE.into(), filename: "".into(), firstlineno: 0, linetable: Box::new([]), first_traceable: 0, shim: false }),
             stood_in: false,
@@ -154,14 +162,14 @@ impl Converter {
     /// and a code object is there, the captured one is gone. Every Python
     /// frame's code is settled here: the walk reads no code object live.
     fn resolve(&mut self, live: &VmReader, frames: usize) {
-        let (code_off, mask) = (self.offsets.frame.code as usize, self.offsets.constants.executable_tag_mask);
+        let (code_off, mask) = (self.offsets.frame.code, self.offsets.constants.executable_tag_mask);
         let mut last = 0;
         self.stood_in = false;
         // The innermost frame named the code object it had at the interrupt.
         let mut start_named = false;
         for i in 0..frames {
-            let Some((frame, captured)) = self.mem.copy(i) else { break };
-            let code = field_u64(frame, code_off) & !mask;
+            let Some((code, captured)) = self.mem.field(i, code_off) else { break };
+            let code = code & !mask;
             if code == last || check_pointer(code, "code").is_err() {
                 continue;
             }
@@ -255,10 +263,10 @@ impl Converter {
 
     /// Turn record `h` (its frames in `frames`) into `out`, innermost first.
     pub fn stack(&mut self, h: &Header, frames: &[u8], live: &VmReader, out: &mut Vec<Frame>) -> Result<Outcome> {
-        if h.frame_bytes as u64 != self.offsets.frame.size {
-            return Err(Error::Corrupt(format!("record copies {} bytes per frame, expected {}", h.frame_bytes, self.offsets.frame.size)));
+        if h.frame_bytes as usize != self.words.copied() || self.words.n == 0 {
+            return Err(Error::Corrupt(format!("record copies {} bytes per frame, expected {}", h.frame_bytes, self.words.copied())));
         }
-        self.mem.load(h, frames, self.offsets.frame.previous as usize);
+        self.mem.load(h, frames, self.offsets.frame.previous, &self.words);
         self.codes.begin_snapshot();
         self.reused = 0;
         let hooked = h.tracing != 0 && h.flags & FLAG_WORD_FAULT == 0;

@@ -169,7 +169,7 @@ mod tests {
         }
         let h = Header { frame: addrs[0], frame_bytes: 16, nframes: addrs.len() as u16, ..Header::default() };
         let mut c = Captured::default();
-        c.load(&h, &data, 8);
+        c.load(&h, &data, 8, &crate::kernel::frame_words::FrameWords::whole(16));
         c
     }
 

@@ -17,6 +17,7 @@
 pub mod captured;
 pub mod choose;
 pub mod convert;
+pub mod frame_words;
 pub mod ident;
 pub mod loader;
 pub mod memo;

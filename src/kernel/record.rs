@@ -3,6 +3,7 @@
 
 use crate::process::memory::{field_u32, field_u64};
 
+use super::frame_words::FRAME_WORDS;
 use super::ident::IdentRule;
 
 /// A read in the capture failed (a page not resident: an interrupt cannot
@@ -55,10 +56,15 @@ pub struct TargetConfig {
     pub code_off: u32,
     /// `ident_kind` through `compact_data`, in their order.
     pub ident: IdentRule,
-    pub pad: u32,
+    /// The words of a frame a record carries (`kernel::frame_words`).
+    pub nwords: u32,
+    pub words: [u8; FRAME_WORDS],
+    /// The code word's and `previous`' places in a frame's copy.
+    pub code_at: u32,
+    pub previous_at: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<TargetConfig>() == 96);
+const _: () = assert!(std::mem::size_of::<TargetConfig>() == 112);
 
 // SAFETY: plain integers, repr(C), no padding (checked above).
 unsafe impl aya::Pod for TargetConfig {}
@@ -146,7 +152,8 @@ impl Header {
         (b.len() >= HEADER_LEN + h.nframes as usize * h.stride()).then_some(h)
     }
 
-    /// Bytes per frame in the record: the frame's copy, then its ident word.
+    /// Bytes per frame in the record: the frame's copy (its words the walk
+    /// reads), then its ident word.
     pub fn stride(&self) -> usize {
         self.frame_bytes as usize + IDENT_BYTES
     }

@@ -187,6 +187,7 @@ pub struct WalkContext<'a> {
 }
 
 /// The fields of one frame the walk uses, from one copy of it.
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct RawFrame {
     previous: u64,
     /// The executable word as stored (tag bits and all), and the code object.
@@ -201,6 +202,22 @@ struct RawFrame {
     owner: Option<u8>,
     /// `stacktop` says the frame was running, not parked on a call.
     stacktop_running: bool,
+}
+
+/// Every field of a frame [`RawFrame::parse`] reads, as (offset, bytes):
+/// all that the walk reads of a frame. The kernel sampler's records carry
+/// these words of each frame and no others (`kernel::frame_words`), so a
+/// field parse reads must be listed here (a test checks).
+pub fn fields_read(o: &Offsets) -> Vec<(u64, u64)> {
+    let f = &o.frame;
+    let mut v = vec![(f.previous, 8), (f.code, 8), (f.instr, 8)];
+    if o.layout.frame == FrameChain::FrameObject {
+        v.push((0, 8));
+    }
+    v.extend(f.is_entry.map(|off| (off, 1)));
+    v.extend(f.owner.map(|off| (off, 1)));
+    v.extend(f.stacktop.map(|off| (off, 4)));
+    v
 }
 
 impl RawFrame {
@@ -617,9 +634,27 @@ impl FrameWalker {
 
 #[cfg(test)]
 mod tests {
-    use super::{CodeInfo, CycleCheck, Frame, put_frame};
+    use super::{CodeInfo, CycleCheck, Frame, RawFrame, fields_read, put_frame};
     use crate::stack::FrameKind;
     use std::sync::Arc;
+
+    /// What parse makes of a frame depends on the bytes `fields_read`
+    /// lists and on nothing else, on every version.
+    #[test]
+    fn parse_reads_only_the_fields_it_lists() {
+        for minor in crate::offsets::table::supported_minors() {
+            let o = crate::offsets::table::offsets_for_tests(minor);
+            let len = fields_read(&o).iter().map(|&(off, n)| off + n).max().unwrap() as usize + 8;
+            // Every byte nonzero and distinct from its neighbours.
+            let whole: Vec<u8> = (0..len).map(|i| (i % 251 + 1) as u8).collect();
+            let mut listed = vec![0u8; len];
+            for (off, n) in fields_read(&o) {
+                let (a, b) = (off as usize, (off + n) as usize);
+                listed[a..b].copy_from_slice(&whole[a..b]);
+            }
+            assert_eq!(RawFrame::parse(&o, &whole), RawFrame::parse(&o, &listed), "3.{minor}: parse reads a field fields_read does not list");
+        }
+    }
 
     fn code(name: &str) -> CodeInfo {
         CodeInfo { name: name.into(), filename: "x.py".into(), firstlineno: 1, linetable: Box::new([]), first_traceable: 0, shim: false }

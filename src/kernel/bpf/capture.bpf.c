@@ -181,38 +181,42 @@ struct cursor {
 
 // One frame's place in a record: as much as any frame's copy takes.
 struct frame_copy {
-	__u8 b[MAX_FRAME_BYTES - 8];
+	__u64 w[FRAME_WORDS];
 };
 
-// Copy the frame at `frame` (fb bytes) to `to`. A caller that lies just
-// below the frame above it, as frames do in a data stack (3.11+) and often
-// do on the heap, is copied with what lies below it in its page into `w`,
-// and the callers further down in that copy come from it: one read from
-// user memory for many frames, the same bytes at the same instant. A read
-// costs the target ~140 ns here however little it copies; a 100-deep
-// recursion took 13-16 µs of its CPU a sample, frame by frame. Each window
-// of a chain may take twice the last, so a shallow stack copies little it
-// does not need. Nonzero: the frame's page is not resident.
+// Copy the words of the frame at `frame` (fb bytes) that user space named
+// in `t` to `to`. The frame's bytes come through the window `w`: a caller
+// that lies just below the frame above it, as frames do in a data stack
+// (3.11+) and often do on the heap, is copied with what lies below it in
+// its page, and the callers further down in that copy come from it: one
+// read from user memory for many frames, the same bytes at the same
+// instant. A read costs the target ~140 ns here however little it copies;
+// a 100-deep recursion took 13-16 µs of its CPU a sample, frame by frame.
+// Each window of a chain may take twice the last, so a shallow stack
+// copies little it does not need. Any other frame is read alone into the
+// window. Only the words the walk reads go to the record: a whole frame is
+// twice their bytes, and every byte of a record is copied into the ring and
+// read out of it, cache-cold, on another CPU. Nonzero: the frame's page is
+// not resident.
 // Not inlined: verified once, not once per iteration of the frame loop.
-__attribute__((noinline)) long copy_frame(struct frame_copy *to, __u32 fb, __u64 frame, struct window *w, struct cursor *c)
+__attribute__((noinline)) long copy_frame(struct frame_copy *to, const struct target *t, __u64 frame, struct window *w, struct cursor *c)
 {
-	if (!to || !c)
+	if (!to || !t || !c || !w)
 		return -1;
-	fb &= MAX_FRAME_BYTES - 8;
+	__u32 fb = t->frame_bytes & (MAX_FRAME_BYTES - 8);
 	__u64 above = c->above;
 	c->above = frame;
-	if (!w)
-		return bpf_probe_read_user(to->b, fb, (const void *)frame);
 	if (frame < c->base || frame + fb > c->end) {
-		if (frame >= above || above - frame >= WINDOW_BYTES)
-			return bpf_probe_read_user(to->b, fb, (const void *)frame);
-		// Within the frame's page: those bytes are resident if the
-		// frame's are, so the read fails only where the frame's own would.
-		__u64 base = frame & ~(__u64)(WINDOW_BYTES - 1);
-		if (frame + fb - base > c->span)
-			base = frame + fb - c->span;
-		if (c->span < WINDOW_BYTES)
-			c->span *= 2;
+		__u64 base = frame;
+		if (frame < above && above - frame < WINDOW_BYTES) {
+			// Within the frame's page: those bytes are resident if the
+			// frame's are, so the read fails only where the frame's own would.
+			base = frame & ~(__u64)(WINDOW_BYTES - 1);
+			if (frame + fb - base > c->span)
+				base = frame + fb - c->span;
+			if (c->span < WINDOW_BYTES)
+				c->span *= 2;
+		}
 		__u64 len = frame + fb - base;
 		if (len > sizeof(w->b))
 			return -1;
@@ -223,10 +227,14 @@ __attribute__((noinline)) long copy_frame(struct frame_copy *to, __u32 fb, __u64
 		if (err)
 			return err;
 	}
-	// A constant size: loads and stores, no helper. The bytes past fb are
-	// the next frame's place in the record, written over, or past the
-	// record's length, not sent.
-	__builtin_memcpy(to->b, &w->b[(frame - c->base) & (WINDOW_BYTES - 1)], sizeof(to->b));
+	// Loads and stores, no helper; all FRAME_WORDS of them (repeats pad
+	// the list), so that nothing here depends on how many: the words past
+	// nwords are the next frame's place in the record, written over, or
+	// past the record's length, not sent.
+	__u32 at = (frame - c->base) & (WINDOW_BYTES - 1);
+#pragma unroll
+	for (int j = 0; j < FRAME_WORDS; j++)
+		to->w[j] = *(__u64 *)&w->b[at + (t->words[j] & (MAX_FRAME_BYTES / 8 - 1)) * 8];
 	return 0;
 }
 
@@ -250,8 +258,12 @@ static __always_inline __u64 take(struct record *r, const struct target *t, __u3
 	h->gc = 0;
 	h->tracing = 0;
 	__u32 fb = t->frame_bytes & (MAX_FRAME_BYTES - 8);
-	__u32 prev = t->previous_off & (MAX_FRAME_BYTES - 8);
-	h->frame_bytes = fb;
+	__u32 nw = t->nwords;
+	if (nw > FRAME_WORDS)
+		nw = FRAME_WORDS;
+	__u32 kept = nw * 8;
+	__u32 prev = t->previous_at & (FRAME_WORDS * 8 - 8);
+	h->frame_bytes = kept;
 	struct thread *th = bpf_map_lookup_elem(&THREADS, &tid);
 	h->tstate = th ? th->tstate : 0;
 	if (!th) {
@@ -265,8 +277,8 @@ static __always_inline __u64 take(struct record *r, const struct target *t, __u3
 	h->frame = frame;
 	if (t->tracing_off != NO_FIELD)
 		h->tracing = (__u32)word(h->tstate + t->tracing_off, &h->flags, FLAG_WORD_FAULT);
-	__u32 code_off = t->code_off & (MAX_FRAME_BYTES - 8);
-	if (h->flags || fb < 8 || prev + 8 > fb || code_off + 8 > fb)
+	__u32 code_at = t->code_at & (FRAME_WORDS * 8 - 8);
+	if (h->flags || fb < 8 || kept < 8 || prev + 8 > kept || code_at + 8 > kept)
 		goto words;
 	__u32 max = t->max_frames;
 	__u32 off = 0;
@@ -274,17 +286,17 @@ static __always_inline __u64 take(struct record *r, const struct target *t, __u3
 	for (__u32 i = 0; i < MAX_FRAMES; i++) {
 		if (!frame)
 			break;
-		if (i >= max || off > RECORD_DATA - MAX_FRAME_BYTES - IDENT_BYTES) {
+		if (i >= max || off > RECORD_DATA - sizeof(struct frame_copy) - IDENT_BYTES) {
 			h->flags |= FLAG_TRUNCATED;
 			break;
 		}
-		if (copy_frame((struct frame_copy *)&r->data[off], fb, frame, w, &c)) {
+		if (copy_frame((struct frame_copy *)&r->data[off], t, frame, w, &c)) {
 			// Not resident: a perf interrupt cannot fault a page in.
 			h->flags |= FLAG_FAULT;
 			break;
 		}
-		__u64 code = *(__u64 *)&r->data[off + code_off] & ~t->code_mask;
-		__u64 *id = (__u64 *)&r->data[off + fb];
+		__u64 code = *(__u64 *)&r->data[off + code_at] & ~t->code_mask;
+		__u64 *id = (__u64 *)&r->data[off + kept];
 		if (i > 0 && code == last_code) {
 			// Recursion names one code object frame after frame, read
 			// once in this same instant: a read of its ident per frame
@@ -299,10 +311,13 @@ static __always_inline __u64 take(struct record *r, const struct target *t, __u3
 			last_ident = *id;
 		}
 		frame = *(__u64 *)&r->data[off + prev];
-		off += fb;
+		off += kept;
 		off += IDENT_BYTES;
 		h->nframes = i + 1;
 	}
+	// The loop's own bound reached with the chain going on.
+	if (frame && !(h->flags & (FLAG_FAULT | FLAG_TRUNCATED)))
+		h->flags |= FLAG_TRUNCATED;
 words:
 	// After the frames: the GIL's words and the collector's flag (only the
 	// GIL holder changes it: for this thread, set at this instant or not).
@@ -310,7 +325,7 @@ words:
 	h->gil_holder = word(t->gil_holder, &h->flags, FLAG_WORD_FAULT);
 	h->gc = word(t->gc, &h->flags, FLAG_WORD_FAULT);
 send:;
-	__u64 len = sizeof(struct header) + (__u64)h->nframes * (fb + IDENT_BYTES);
+	__u64 len = sizeof(struct header) + (__u64)h->nframes * (kept + IDENT_BYTES);
 	if (len > sizeof(struct record))
 		len = sizeof(struct record);
 	return len;

@@ -25,6 +25,10 @@
 #define IDENT_WORD 1
 #define IDENT_NAME 2
 
+/* A frame's copy in a record is only the words the walk reads, these many
+ * at most (see kernel::frame_words). */
+#define FRAME_WORDS 8
+
 /* What user space tells the program about one target process. */
 struct target {
 	__u64 gil_locked;   /* address of the 8-byte word holding `locked`, or 0 */
@@ -34,7 +38,7 @@ struct target {
 	__u32 frame_off;    /* current frame (or cframe) pointer in a thread state */
 	__u32 cframe_off;   /* current_frame in the cframe, or NO_CFRAME */
 	__u32 previous_off; /* `previous`/`f_back` in a frame */
-	__u32 frame_bytes;  /* bytes copied per frame, multiple of 8, < 128 */
+	__u32 frame_bytes;  /* bytes of a frame its words lie in, multiple of 8, < 128 */
 	__u32 max_frames;
 	__u32 tracing_off;  /* the int `tracing` in a thread state, or NO_FIELD */
 	__u32 code_off;     /* the code word in a frame, a multiple of 8 */
@@ -46,7 +50,10 @@ struct target {
 	__u32 ascii_mask;   /* the state's `ascii` bit */
 	__u32 ascii_data;   /* in a str: an ASCII one's characters */
 	__u32 compact_data; /* in a str: another compact one's characters */
-	__u32 pad;
+	__u32 nwords;       /* words of a frame the record keeps, <= FRAME_WORDS */
+	__u8 words[FRAME_WORDS]; /* which (frame word indices, < frame_bytes / 8); repeats pad it */
+	__u32 code_at;      /* the code word's place in a frame's copy (bytes) */
+	__u32 previous_at;  /* `previous`'s place in a frame's copy (bytes) */
 };
 
 #define IDENT_SPAN 64
@@ -74,7 +81,7 @@ struct header {
 	__u32 pid;
 	__u32 tid;
 	__u32 cpu;
-	__u32 frame_bytes;
+	__u32 frame_bytes;  /* of each frame's copy in this record: nwords * 8 */
 	__u16 nframes;
 	__u16 flags;
 	__u32 tracing;      /* the thread state's `tracing`: a hook runs */
@@ -82,7 +89,8 @@ struct header {
 
 #define RECORD_SIZE 32768
 #define RECORD_DATA (RECORD_SIZE - sizeof(struct header))
-/* Each frame in a record: frame_bytes of the frame, then its code's ident. */
+/* Each frame in a record: the header's frame_bytes of it (its words the
+ * target's `words` name, in that order), then its code's ident. */
 #define IDENT_BYTES 8
 
 struct record {
