@@ -91,7 +91,9 @@ struct {
 // of the thread's memory that holds frames, copied at once (see take()).
 #define WINDOW_BYTES 4096
 struct window {
-	__u8 b[WINDOW_BYTES + MAX_FRAME_BYTES];
+	// Words, not bytes: frames are 8-aligned, and a word loaded from a
+	// byte array is compiled to eight byte loads and fourteen shifts and ors.
+	__u64 q[(WINDOW_BYTES + MAX_FRAME_BYTES) / 8];
 };
 
 struct {
@@ -179,9 +181,10 @@ struct cursor {
 	__u64 span;   /* the most the next window takes */
 };
 
-// One frame's place in a record: as much as any frame's copy takes.
+// One frame's place in a record: as much as any frame's copy takes, and
+// its code's ident after the words it has.
 struct frame_copy {
-	__u64 w[FRAME_WORDS];
+	__u64 w[FRAME_WORDS + 1];
 };
 
 // Copy the words of the frame at `frame` (fb bytes) that user space named
@@ -218,23 +221,24 @@ __attribute__((noinline)) long copy_frame(struct frame_copy *to, const struct ta
 				c->span *= 2;
 		}
 		__u64 len = frame + fb - base;
-		if (len > sizeof(w->b))
+		if (len > sizeof(w->q))
 			return -1;
 		len &= 8191;  // the verifier's own bound for it
-		long err = bpf_probe_read_user(w->b, len, (const void *)base);
+		long err = bpf_probe_read_user(w->q, len, (const void *)base);
 		c->base = err ? 0 : base;
 		c->end = err ? 0 : frame + fb;
 		if (err)
 			return err;
 	}
-	// Loads and stores, no helper; all FRAME_WORDS of them (repeats pad
-	// the list), so that nothing here depends on how many: the words past
-	// nwords are the next frame's place in the record, written over, or
-	// past the record's length, not sent.
-	__u32 at = (frame - c->base) & (WINDOW_BYTES - 1);
+	// Loads and stores, no helper.
+	__u32 at = ((frame - c->base) & (WINDOW_BYTES - 1)) / 8;
+	__u32 nw = t->nwords;
 #pragma unroll
-	for (int j = 0; j < FRAME_WORDS; j++)
-		to->w[j] = *(__u64 *)&w->b[at + (t->words[j] & (MAX_FRAME_BYTES / 8 - 1)) * 8];
+	for (int j = 0; j < FRAME_WORDS; j++) {
+		if (j >= nw)
+			break;
+		to->w[j] = w->q[at + (t->words[j] & (MAX_FRAME_BYTES / 8 - 1))];
+	}
 	return 0;
 }
 
@@ -286,17 +290,18 @@ static __always_inline __u64 take(struct record *r, const struct target *t, __u3
 	for (__u32 i = 0; i < MAX_FRAMES; i++) {
 		if (!frame)
 			break;
-		if (i >= max || off > RECORD_DATA - sizeof(struct frame_copy) - IDENT_BYTES) {
+		if (i >= max || off > RECORD_DATA - sizeof(struct frame_copy)) {
 			h->flags |= FLAG_TRUNCATED;
 			break;
 		}
-		if (copy_frame((struct frame_copy *)&r->data[off], t, frame, w, &c)) {
+		struct frame_copy *fc = (struct frame_copy *)&r->data[off];
+		if (copy_frame(fc, t, frame, w, &c)) {
 			// Not resident: a perf interrupt cannot fault a page in.
 			h->flags |= FLAG_FAULT;
 			break;
 		}
-		__u64 code = *(__u64 *)&r->data[off + code_at] & ~t->code_mask;
-		__u64 *id = (__u64 *)&r->data[off + kept];
+		__u64 code = fc->w[code_at / 8] & ~t->code_mask;
+		__u64 *id = &fc->w[nw];
 		if (i > 0 && code == last_code) {
 			// Recursion names one code object frame after frame, read
 			// once in this same instant: a read of its ident per frame
@@ -310,7 +315,7 @@ static __always_inline __u64 take(struct record *r, const struct target *t, __u3
 			last_code = code;
 			last_ident = *id;
 		}
-		frame = *(__u64 *)&r->data[off + prev];
+		frame = fc->w[prev / 8];
 		off += kept;
 		off += IDENT_BYTES;
 		h->nframes = i + 1;
