@@ -93,14 +93,14 @@ mod tests {
         o
     }
 
-    /// 3.12's `_PyInterpreterFrame`: code 0, previous 48, prev_instr 56,
+    /// 3.12's `_PyInterpreterFrame`: code 0, previous 8, prev_instr 56,
     /// stacktop 64 (int), owner 70 (char): four words of ten.
     #[test]
     fn a_312_frame_carries_four_of_its_words() {
-        let o = offsets(FrameOffsets { size: 80, previous: 48, code: 0, instr: 56, owner: Some(70), is_entry: None, stacktop: Some(64) });
+        let o = offsets(FrameOffsets { size: 80, previous: 8, code: 0, instr: 56, owner: Some(70), is_entry: None, stacktop: Some(64) });
         let w = FrameWords::for_offsets(&o).unwrap();
-        assert_eq!((w.bytes, w.n, &w.words[..4]), (80, 4, &[0, 6, 7, 8][..]));
-        assert_eq!((w.place(0), w.place(48), w.place(56), w.place(8)), (Some(0), Some(8), Some(16), None));
+        assert_eq!((w.bytes, w.n, &w.words[..4]), (80, 4, &[0, 1, 7, 8][..]));
+        assert_eq!((w.place(0), w.place(8), w.place(56), w.place(64), w.place(48)), (Some(0), Some(8), Some(16), Some(24), None));
     }
 
     /// An int `f_lasti` at an odd word's end: its word, and the next one
