@@ -66,11 +66,6 @@ pub struct Converter {
     check: bool,
 }
 
-/// Bytes of a frame the walk reads: up to its last field, in whole words.
-pub fn frame_bytes(o: &Offsets) -> u64 {
-    FrameWords::for_offsets(o).map_or(0, |w| w.bytes)
-}
-
 /// What the capture program must know of a target: offsets as numbers.
 /// None when this build's frames need more than the program copies.
 pub fn target_config(interp: &Interpreter, main_interp: u64) -> Option<TargetConfig> {
@@ -90,11 +85,9 @@ pub fn target_config(interp: &Interpreter, main_interp: u64) -> Option<TargetCon
         code_mask: o.constants.executable_tag_mask,
         frame_off: o.thread.current_frame as u32,
         cframe_off: o.thread.cframe_current_frame.map_or(NO_CFRAME, |c| c as u32),
-        previous_off: o.frame.previous as u32,
         frame_bytes: words.bytes as u32,
         max_frames: (RECORD_DATA / (words.copied() + IDENT_BYTES)).min(MAX_FRAMES as usize) as u32,
         tracing_off: o.thread.tracing.map_or(NO_FIELD, |t| t as u32),
-        code_off: o.frame.code as u32,
         ident,
         nwords: words.n as u32,
         words: words.words,

@@ -42,6 +42,7 @@ impl FrameWords {
     }
 
     /// Every word of a `bytes`-byte frame (tests).
+    #[cfg(test)]
     pub fn whole(bytes: u64) -> FrameWords {
         let list: Vec<u64> = (0..bytes / 8).collect();
         Self::of(bytes, &list).expect("a frame of at most FRAME_WORDS words")

@@ -49,11 +49,9 @@ pub struct TargetConfig {
     pub code_mask: u64,
     pub frame_off: u32,
     pub cframe_off: u32,
-    pub previous_off: u32,
     pub frame_bytes: u32,
     pub max_frames: u32,
     pub tracing_off: u32,
-    pub code_off: u32,
     /// `ident_kind` through `compact_data`, in their order.
     pub ident: IdentRule,
     /// The words of a frame a record carries (`kernel::frame_words`).
@@ -64,7 +62,7 @@ pub struct TargetConfig {
     pub previous_at: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<TargetConfig>() == 112);
+const _: () = assert!(std::mem::size_of::<TargetConfig>() == 104);
 
 // SAFETY: plain integers, repr(C), no padding (checked above).
 unsafe impl aya::Pod for TargetConfig {}

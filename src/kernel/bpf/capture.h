@@ -37,11 +37,9 @@ struct target {
 	__u64 code_mask;    /* tag bits of a frame's code word (3.14+ stack refs) */
 	__u32 frame_off;    /* current frame (or cframe) pointer in a thread state */
 	__u32 cframe_off;   /* current_frame in the cframe, or NO_CFRAME */
-	__u32 previous_off; /* `previous`/`f_back` in a frame */
 	__u32 frame_bytes;  /* bytes of a frame its words lie in, multiple of 8, < 128 */
 	__u32 max_frames;
 	__u32 tracing_off;  /* the int `tracing` in a thread state, or NO_FIELD */
-	__u32 code_off;     /* the code word in a frame, a multiple of 8 */
 	__u32 ident_kind;   /* IDENT_* */
 	__u32 ident_off;    /* in the code object: the span (IDENT_WORD) or the name pointer */
 	__u32 span_len;     /* IDENT_WORD: bytes of the span, <= IDENT_SPAN */

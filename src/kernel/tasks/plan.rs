@@ -141,7 +141,7 @@ pub struct Planner<'a> {
     ao: &'a AsyncioOffsets,
     o: &'a Offsets,
     names: &'a NameOffsets,
-    /// Bytes of a frame the walk reads (`kernel::convert::frame_bytes`).
+    /// Bytes of a frame the walk reads (`kernel::frame_words::FrameWords::bytes`).
     frame_bytes: u64,
     ident: IdentRule,
 }
