@@ -677,10 +677,12 @@ fn measure_churn_beside(py: &Interpreter, extra: &[&str], hogs: usize, rates: &[
             // comes from the record taken as it left its CPU (or carried
             // from one), not from a read. Which one serves is decided by
             // times alone, so this is how the path works, not how lucky it was.
-            let read = k.off_cpu.saturating_sub(k.off_cpu_from_switch + k.off_cpu_carried);
+            // A tick taken after its thread ran again is served from that
+            // record or from a stack carried in that spell (`ended`).
+            let read = k.off_cpu.saturating_sub(k.off_cpu_from_switch + k.off_cpu_carried + k.off_cpu_ended);
             lines.push(format!(
-                "[{}] at {rate} Hz: {} stacks off CPU: {} from a switch-out record (of {}), {} carried, {read} read",
-                py.label, k.off_cpu, k.off_cpu_from_switch, k.switch_out_records, k.off_cpu_carried
+                "[{}] at {rate} Hz: {} stacks off CPU: {} from a switch-out record (of {}), {} carried, {} after the thread ran again, {read} read",
+                py.label, k.off_cpu, k.off_cpu_from_switch, k.switch_out_records, k.off_cpu_carried, k.off_cpu_ended
             ));
             assert!(k.off_cpu * 3 >= total, "[{}] at {rate} Hz: beside the hogs, only {} of {total} samples off CPU: {k:?}", py.label, k.off_cpu);
             assert!(read * 5 <= k.off_cpu, "[{}] at {rate} Hz: {read} of {} stacks off CPU read, not taken at their switch-out: {k:?}", py.label, k.off_cpu);

@@ -44,6 +44,7 @@ use crate::thread_filter::ThreadFilter;
 use super::loader::KernelSampler;
 use super::native::KernelNative;
 use super::target::KernelTarget;
+use crate::process::occupancy::Spell;
 
 /// The user-space clock of wall mode: tick `k` is due at `start + k·period`
 /// (CLOCK_MONOTONIC ns). A tick is taken at its own instant however late
@@ -98,7 +99,18 @@ impl Ticks {
 
     /// How long until the next tick is due (zero if it is).
     pub fn until_next(&self) -> Duration {
-        Duration::from_nanos(self.instant(self.last + 1).saturating_sub(crate::process::monotonic_ns()))
+        self.until_taken(Duration::ZERO)
+    }
+
+    /// How long until the next tick is to be taken, `hold` (see [`hold`])
+    /// after its instant; without the switch records, at its instant.
+    pub fn until_taken(&self, hold: Duration) -> Duration {
+        // Half the catch-up bound at most: room for a wake-up that comes late.
+        let bound = MAX_BEHIND_TICKS.max(MAX_BEHIND_NS / self.period) * self.period;
+        let most = (MOST_HELD_PERIODS * self.period).min(bound / 2);
+        let hold = if self.catch_up { hold.min(Duration::from_nanos(most)) } else { Duration::ZERO };
+        let at = self.instant(self.last + 1).saturating_add(hold.as_nanos() as u64);
+        Duration::from_nanos(at.saturating_sub(crate::process::monotonic_ns()))
     }
 
     /// The ticks due now, oldest first, by number ([`Self::instant`]):
@@ -169,13 +181,41 @@ impl Ticks {
     }
 }
 
+/// The longest a tick waits past its instant to be taken with the ticks
+/// after it. Each wake-up of pyprof costs more than the work of one tick
+/// over a few targets (16 one-thread targets at 100 Hz: 1.0 % of one CPU
+/// waking at each tick, 0.5 % waking every 50 ms), and a tick taken late
+/// is still its own instant's (see [`Ticks`]). At most half the bound past
+/// which ticks are skipped ([`Ticks::until_taken`]), for a wake-up that
+/// comes late.
+const MOST_HELD: Duration = Duration::from_millis(40);
+
+/// At most this many periods: the perf events' records wait in the ring
+/// as long (at 50 kHz, 100-frame records fill it in some 50 ms).
+const MOST_HELD_PERIODS: u64 = 256;
+
+/// How long wall mode may leave a tick before taking it, for the threads
+/// of `targets`: a thread off CPU at the instant that has run since is
+/// sampled from its switches kept ([`crate::process::occupancy`]), and
+/// where it stood at an instant older than those is not known; it would
+/// go unsampled. So the hold is half the shortest span that any of their
+/// threads' kept switches cover, at most [`MOST_HELD`]: a thread that
+/// switches every millisecond has its ticks taken at their instants.
+/// Decided from switch times alone, never from a stack.
+pub fn hold<'a>(targets: impl Iterator<Item = &'a KernelTarget>) -> Duration {
+    let span = crate::process::occupancy::with(|o| targets.flat_map(|t| t.tids()).filter_map(|tid| o.kept_span(tid as i32)).min()).flatten();
+    span.map_or(MOST_HELD, |ns| MOST_HELD.min(Duration::from_nanos(ns / 2)))
+}
+
 /// One thread's sample from the user-space half.
 pub enum OffCpu<'a> {
     /// Read while proven on no CPU throughout: its stack at the tick, and
-    /// the id it is carried under (`Sample::carried`). No id: a thread
-    /// that ran between the tick's instant and its taking (a tick taken
-    /// late), its stack from the record made as its spell off CPU began.
-    Stack(&'a ThreadStack, Option<u64>),
+    /// the id it is counted under (`Sample::carried`).
+    Stack(&'a ThreadStack, u64),
+    /// A thread that ran between the tick's instant and its taking (a tick
+    /// taken late): its stack in the spell off CPU the instant fell in
+    /// (carried, or from the record made as the spell began), and its id.
+    Ended(&'a ThreadStack, u64),
     /// Proven off CPU before the read, but it ran before the read ended
     /// (or the read tore): counted under `[stack moved while read]`.
     Moved(&'a ThreadStack),
@@ -201,8 +241,8 @@ pub fn proven_off(target: &KernelTarget, at: u64, switch_records: bool) -> Optio
         for tid in target.tids() {
             if let Some((ins, run)) = o.off_cpu_at(tid as i32, at) {
                 off.push((tid, ins, run));
-            } else if let Some(run) = switch_records.then(|| o.off_then_ran(tid as i32, at)).flatten() {
-                ended.push((tid, run));
+            } else if let Some(spell) = switch_records.then(|| o.off_then_ran(tid as i32, at)).flatten() {
+                ended.push((tid, spell));
             }
         }
         Proven { generation: o.generation(), off, ended }
@@ -219,8 +259,8 @@ pub struct Proven {
     /// (host tid, switch-ins so far, its last run), by tid.
     pub off: Vec<(u32, u32, LastRun)>,
     /// Threads on no CPU at `at` that have run since (a tick taken late):
-    /// (host tid, the run whose end began that spell).
-    pub ended: Vec<(u32, LastRun)>,
+    /// (host tid, that spell).
+    pub ended: Vec<(u32, Spell)>,
 }
 
 impl Proven {
@@ -243,9 +283,20 @@ impl Proven {
 /// spells that have ended since ([`Proven::ended`]).
 #[derive(Default)]
 pub struct Switched {
-    /// Host tid → (the record's time, the record; empty where a read in
-    /// it failed), oldest first, [`SWITCHED_KEPT`] at most.
-    last: HashMap<u32, VecDeque<(u64, Vec<u8>)>>,
+    /// Host tid → its records, oldest first, [`SWITCHED_KEPT`] at most.
+    last: HashMap<u32, VecDeque<Kept>>,
+}
+
+/// One switch record of a thread, and its stack once made.
+#[derive(Default)]
+struct Kept {
+    time: u64,
+    /// Empty where a read in it failed.
+    rec: Vec<u8>,
+    /// The record's stack and the id it is counted under, made at its
+    /// first use: a record serves every tick of its spell taken after the
+    /// spell ended (ticks taken together, `hold`), each made anew before.
+    stack: Option<(ThreadStack, u64)>,
 }
 
 /// Records kept per thread: as many runs as the switches
@@ -256,18 +307,20 @@ impl Switched {
     /// Keep `rec`, taken at `time`, as one of `tid`'s.
     pub fn keep(&mut self, tid: u32, time: u64, rec: &[u8]) {
         let kept = self.last.entry(tid).or_default();
-        let pos = kept.partition_point(|(t, _)| *t <= time);
+        let pos = kept.partition_point(|k| k.time <= time);
         if kept.len() == SWITCHED_KEPT {
             if pos == 0 {
                 return;
             }
-            // The oldest goes; its buffer serves the new one.
-            let (_, mut buf) = kept.pop_front().unwrap_or_default();
-            buf.clear();
-            buf.extend_from_slice(rec);
-            kept.insert(pos - 1, (time, buf));
+            // The oldest goes; its buffers serve the new one.
+            let mut k = kept.pop_front().unwrap_or_default();
+            k.time = time;
+            k.rec.clear();
+            k.rec.extend_from_slice(rec);
+            k.stack = None;
+            kept.insert(pos - 1, k);
         } else {
-            kept.insert(pos, (time, rec.to_vec()));
+            kept.insert(pos, Kept { time, rec: rec.to_vec(), stack: None });
         }
     }
 
@@ -283,10 +336,23 @@ impl Switched {
     }
 
     /// The record taken as `tid`'s run `run` (switch-in, switch-out) ended.
-    fn for_run(&self, tid: u32, run: LastRun) -> Option<&[u8]> {
+    fn kept_for_run(&mut self, tid: u32, run: LastRun) -> Option<&mut Kept> {
         let (started, ended) = run?;
-        let kept = self.last.get(&tid)?;
-        kept.iter().rev().find(|(t, _)| started < *t && *t <= ended).map(|(_, rec)| &rec[..]).filter(|rec| !rec.is_empty())
+        let kept = self.last.get_mut(&tid)?;
+        kept.iter_mut().rev().find(|k| started < k.time && k.time <= ended).filter(|k| !k.rec.is_empty())
+    }
+
+    #[cfg(test)]
+    fn for_run(&mut self, tid: u32, run: LastRun) -> Option<&[u8]> {
+        self.kept_for_run(tid, run).map(|k| &k.rec[..])
+    }
+
+    /// The stack of the record taken as `tid`'s run `run` ended, made by
+    /// `from_record` at its first use, and its id.
+    fn stack_for_run(&mut self, tid: u32, run: LastRun, from_record: FromRecord, session: &Session) -> Option<(&ThreadStack, u64)> {
+        let k = self.kept_for_run(tid, run)?;
+        let (t, id) = k.stack.get_or_insert_with(|| (from_record(&k.rec, session), crate::stack::new_carry_id()));
+        Some((t, *id))
     }
 }
 
@@ -323,7 +389,11 @@ const PRUNE_EVERY: u32 = 64;
 impl Carry {
     /// Keep `t` as `tid`'s stack while it has `ins` switch-ins; its new id.
     fn keep(&mut self, tid: u32, ins: u32, t: ThreadStack) -> (&ThreadStack, u64) {
-        let id = crate::stack::new_carry_id();
+        self.keep_as(tid, ins, t, crate::stack::new_carry_id())
+    }
+
+    /// [`Self::keep`] under the id `id` the same stack has elsewhere.
+    fn keep_as(&mut self, tid: u32, ins: u32, t: ThreadStack, id: u64) -> (&ThreadStack, u64) {
         let kept = self.stacks.entry(tid).insert_entry((ins, t, id)).into_mut();
         (&kept.1, id)
     }
@@ -342,7 +412,7 @@ pub fn read(
     proven: &Proven,
     needs: SnapshotNeeds,
     carry: &mut Carry,
-    mut switched: Option<(&Switched, FromRecord)>,
+    mut switched: Option<(&mut Switched, FromRecord)>,
     mut native: Option<(&mut KernelNative, &KernelSampler)>,
     emit: &mut dyn FnMut(OffCpu),
 ) -> Result<Counters> {
@@ -362,19 +432,18 @@ pub fn read(
     for &(tid, ins, run) in off {
         if let Some((_, t, id)) = carry.stacks.get(&tid).filter(|c| c.0 == ins) {
             counts.carried += 1;
-            emit(OffCpu::Stack(t, Some(*id)));
+            emit(OffCpu::Stack(t, *id));
             continue;
         }
         // Its run's end was recorded: that is its stack since, whatever it holds.
         if let Some((sw, from_record)) = switched.as_mut() {
-            if let Some(rec) = sw.for_run(tid, run) {
-                let t = from_record(rec, session);
+            if let Some((t, id)) = sw.stack_for_run(tid, run, &mut **from_record, session) {
                 counts.from_switch_out += 1;
                 if t.torn {
-                    emit(OffCpu::Moved(&t));
+                    emit(OffCpu::Moved(t));
                 } else {
-                    let (t, id) = carry.keep(tid, ins, t);
-                    emit(OffCpu::Stack(t, Some(id)));
+                    let (t, id) = carry.keep_as(tid, ins, t.clone(), id);
+                    emit(OffCpu::Stack(t, id));
                 }
                 continue;
             }
@@ -383,11 +452,23 @@ pub fn read(
     }
     // Off CPU at the tick and run since: not read (it has moved), its
     // stack then is the record taken as that spell began, or not known.
-    for &(tid, run) in &proven.ended {
-        let t = switched.as_mut().and_then(|(sw, from_record)| sw.for_run(tid, run).map(|rec| from_record(rec, session)));
+    for &(tid, spell) in &proven.ended {
+        // Read in that very spell (at a tick taken before it ended): its stack then.
+        if let Some((_, t, id)) = carry.stacks.get(&tid).filter(|c| c.0 == spell.ins) {
+            emit(OffCpu::Ended(t, *id));
+            continue;
+        }
+        // Off CPU since before its records began and never read in that
+        // spell: a thread asleep that pyprof had not met yet, or one made
+        // since the instant (which had no stack then). Not sampled, as a
+        // thread not yet known is not.
+        if spell.unseen_start {
+            continue;
+        }
+        let t = switched.as_mut().and_then(|(sw, from_record)| sw.stack_for_run(tid, spell.run, &mut **from_record, session));
         match t {
-            Some(t) if !t.torn => emit(OffCpu::Stack(&t, None)),
-            Some(t) => emit(OffCpu::Moved(&t)),
+            Some((t, id)) if !t.torn => emit(OffCpu::Ended(t, id)),
+            Some((t, _)) => emit(OffCpu::Moved(t)),
             None => emit(OffCpu::Moved(&ThreadStack { native_id: Some(u64::from(tid)), ..ThreadStack::default() })),
         }
     }
@@ -428,7 +509,7 @@ pub fn read(
                 }
             }
             let (t, id) = carry.keep(off[i].0, off[i].1, t.clone());
-            emit(OffCpu::Stack(t, Some(id)));
+            emit(OffCpu::Stack(t, id));
         }
     }
     session.recycle(taken.threads);

@@ -301,6 +301,8 @@ pub fn run(
     // The last drain emptied the ring: a loop that left records in it
     // drains again without a sleep.
     let mut emptied = true;
+    // How long past its instant the next tick may wait (`off_cpu::hold`).
+    let mut hold = Duration::ZERO;
     let reason = loop {
         if let Some(hz) = cfg.rate_control.as_ref().map(|r| f64::from_bits(r.load(Ordering::Relaxed))) {
             if hz != rate_hz && hz > 0.0 && hz.is_finite() && k.set_rate(hz).is_ok() {
@@ -312,14 +314,16 @@ pub fn run(
         }
         match &ticks {
             _ if !emptied => {}
-            // Wall mode wakes at its ticks only: woken by each record as
+            // Wall mode wakes for its ticks only: woken by each record as
             // well, pyprof ran just after each firing and, with no CPU to
             // spare, pushed the very thread just sampled off its CPU; a
             // tick falling in that push counted the thread twice (once per
             // half, +16 % on a spinning thread while clang built beside
-            // it). The records wait for the tick, a period at most (100 ms
-            // at most, so that a stop is seen at rates under 10 Hz).
-            Some(t) => std::thread::sleep(t.until_next().min(Duration::from_millis(100))),
+            // it). It wakes a hold after a tick's instant and takes every
+            // tick since, each at its own instant (`off_cpu::hold`); the
+            // records wait for it (100 ms at most, so that a stop is seen
+            // at rates under 10 Hz).
+            Some(t) => std::thread::sleep(t.until_taken(hold).min(Duration::from_millis(100))),
             // The program wakes no one (an irq_work per record: a
             // self-interrupt on the sampled thread's CPU, each a VM exit
             // here); the records wait in the ring for a drain.
@@ -378,14 +382,15 @@ pub fn run(
                     let (converter, py_names, native) = p.target.parts();
                     let mut made = KernelSampling::default();
                     let mut from_record = |rec: &[u8], s: &Session| switch_stack(converter, &py_names, rec, s, locked_shift, gc_frame, &mut made);
-                    let switched = k.switch_records().then_some((&p.switched, &mut from_record as off_cpu::FromRecord));
+                    let switched = k.switch_records().then_some((&mut p.switched, &mut from_record as off_cpu::FromRecord));
                     let read = off_cpu::read(&mut sessions[p.session], &off, wall_needs, carry, switched, native.map(|n| (n, &*k)), &mut |o| {
                         // `<GC>` is on a stack that stands (the session put it
                         // there), never on a torn one.
                         let (t, frames, in_gc, carried) = match o {
-                            OffCpu::Stack(t, id) => {
-                                ks.counts.off_cpu_ended += u64::from(id.is_none());
-                                (t, &t.frames[..], t.in_gc && gc_frames, id)
+                            OffCpu::Stack(t, id) => (t, &t.frames[..], t.in_gc && gc_frames, Some(id)),
+                            OffCpu::Ended(t, id) => {
+                                ks.counts.off_cpu_ended += 1;
+                                (t, &t.frames[..], t.in_gc && gc_frames, Some(id))
                             }
                             OffCpu::Moved(t) => {
                                 ks.counts.off_cpu_moved += 1;
@@ -437,6 +442,7 @@ pub fn run(
                     ks.counts.reused_frames += made.reused_frames;
                 }
             }
+            hold = off_cpu::hold(procs.values().map(|p| &p.target));
             ks.counts.wall_ticks = t.taken;
             ks.counts.wall_ticks_late = t.late;
             ks.counts.wall_ticks_skipped = t.skipped;
@@ -701,15 +707,15 @@ impl KernelStats {
         }
         if c.wall_ticks > 0 {
             line += &format!(
-                "; wall mode: {} ticks ({} of them taken late, each at its own instant; {} skipped after stalls over 50 ms, with the {} records in them), {} stacks of threads on no CPU: {} from the record taken as the thread left its CPU (of {} such records; {} of threads that ran before their tick was taken), {} carried over unchanged, the rest read from user space ({} moved while read or not known)",
+                "; wall mode: {} ticks ({} of them taken after a later one was due, each at its own instant; {} skipped after stalls over 50 ms, with the {} records in them), {} stacks of threads on no CPU: {} of threads that ran before their tick was taken (from the record taken as the spell began or a read in it), and of those still off CPU {} from that record (of {} such records), {} carried over unchanged, the rest read from user space ({} moved while read or not known)",
                 c.wall_ticks,
                 c.wall_ticks_late,
                 c.wall_ticks_skipped,
                 c.in_skipped_ticks,
                 c.off_cpu,
-                c.off_cpu_from_switch + c.off_cpu_ended,
-                c.switch_out_records,
                 c.off_cpu_ended,
+                c.off_cpu_from_switch,
+                c.switch_out_records,
                 c.off_cpu_carried,
                 c.off_cpu_moved
             );

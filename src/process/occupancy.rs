@@ -53,6 +53,9 @@ pub struct Occupancy {
     /// Bumped whenever `threads` is forgotten: switch-in counts of
     /// different generations are not comparable.
     generation: u64,
+    /// Since when every switch of every thread is read: the rings'
+    /// opening, or the last time the threads were forgotten.
+    since: u64,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -89,6 +92,25 @@ const RECENT: usize = 8;
 struct Recent {
     at: [(u64, bool); RECENT],
     len: u8,
+    /// Every switch of the thread at or after this instant is kept (or
+    /// was, until a newer one pushed it out, which moves this past it).
+    from: u64,
+}
+
+/// A spell off CPU that an instant past fell in and that has ended since
+/// ([`Occupancy::off_then_ran`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Spell {
+    /// The run whose switch-out began it (its switch-in and switch-out),
+    /// where both are kept.
+    pub run: Option<(u64, u64)>,
+    /// Switch-ins of the thread as of the spell, as [`Occupancy::off_cpu_at`]
+    /// counts them: a stack read in the spell and kept with that count was
+    /// its stack at the instant.
+    pub ins: u32,
+    /// It began before any switch kept (the thread was asleep since before
+    /// the records, or is one made since): only a read in it knows its stack.
+    pub unseen_start: bool,
 }
 
 impl Recent {
@@ -97,9 +119,11 @@ impl Recent {
         let pos = self.at[..len].partition_point(|&(t, _)| t <= time);
         if len == RECENT {
             if pos == 0 {
+                self.from = self.from.max(time + 1);
                 return;
             }
             // The oldest goes.
+            self.from = self.from.max(self.at[0].0 + 1);
             self.at.copy_within(1..pos, 0);
             self.at[pos - 1] = (time, out);
         } else {
@@ -109,17 +133,30 @@ impl Recent {
         }
     }
 
+    /// How long its kept switches span, once as many are kept as fit (a
+    /// thread with fewer has all of its switches since the rings opened).
+    fn span(&self) -> Option<u64> {
+        (self.len as usize == RECENT).then(|| self.at[RECENT - 1].0.saturating_sub(self.at[0].0))
+    }
+
     /// If the thread was on no CPU at `t` in a spell that a switch-in
-    /// after `t` has ended: the run whose switch-out began the spell
-    /// (its switch-in and switch-out), None when that run's switch-in is
-    /// no longer kept. Nothing when it ran at `t`, is still in that spell,
-    /// or `t` is older than what is kept.
-    fn off_spell_ended(&self, t: u64) -> Option<Option<(u64, u64)>> {
+    /// after `t` has ended: that spell, with the switch-ins since (all
+    /// kept) for its count. Nothing when it ran at `t`, is still in that
+    /// spell, or where it stood at `t` is not known (older than `from`).
+    fn off_spell_ended(&self, t: u64) -> Option<(Spell, u32)> {
         let at = &self.at[..self.len as usize];
-        let j = at.partition_point(|&(time, _)| time <= t).checked_sub(1)?;
+        let after = at.partition_point(|&(time, _)| time <= t);
+        let ins_since = at[after..].iter().filter(|&&(_, o)| !o).count() as u32;
+        let Some(j) = after.checked_sub(1) else {
+            // No switch of it from `from` to its first kept, a switch-in:
+            // it was on no CPU all that while.
+            let spell = Spell { run: None, ins: 0, unseen_start: true };
+            return (t >= self.from && at.first().is_some_and(|&(_, o)| !o)).then_some((spell, ins_since));
+        };
         let (out_time, out) = at[j];
         let ended = at.get(j + 1).is_some_and(|&(_, o)| !o);
-        (out && ended).then(|| j.checked_sub(1).map(|i| at[i]).filter(|&(_, o)| !o).map(|(in_time, _)| (in_time, out_time)))
+        let run = j.checked_sub(1).map(|i| at[i]).filter(|&(_, o)| !o).map(|(in_time, _)| (in_time, out_time));
+        (out && ended).then_some((Spell { run, ins: 0, unseen_start: false }, ins_since))
     }
 }
 
@@ -127,8 +164,10 @@ impl Seen {
     /// A thread first seen in `generation`: its switch-ins count from a
     /// base of that generation's own, so that a proof taken before the
     /// counts were forgotten (records lost) never matches a count after.
-    fn fresh(generation: u64) -> Seen {
-        Seen { ins: (generation as u32).wrapping_shl(16), ..Seen::default() }
+    /// Its switches are all kept from `since` on (the start of the
+    /// generation's records).
+    fn fresh(generation: u64, since: u64) -> Seen {
+        Seen { ins: (generation as u32).wrapping_shl(16), recent: Recent { from: since, ..Recent::default() }, ..Seen::default() }
     }
 
     fn last_run(&self) -> Option<(u64, u64)> {
@@ -172,6 +211,7 @@ struct State<'a> {
     threads: &'a mut HashMap<i32, Seen>,
     current: &'a mut [Option<i32>],
     generation: &'a mut u64,
+    since: &'a mut u64,
 }
 
 impl State<'_> {
@@ -184,9 +224,10 @@ impl State<'_> {
                 if self.threads.len() >= MAX_THREADS && !self.threads.contains_key(&tid) {
                     self.threads.clear();
                     *self.generation += 1;
+                    *self.since = super::monotonic_ns();
                 }
-                let generation = *self.generation;
-                let seen = self.threads.entry(tid).or_insert_with(|| Seen::fresh(generation));
+                let (generation, since) = (*self.generation, *self.since);
+                let seen = self.threads.entry(tid).or_insert_with(|| Seen::fresh(generation, since));
                 if time >= seen.time {
                     (seen.off, seen.time) = (out, time);
                     // A new thread with the id of one that exited.
@@ -199,11 +240,12 @@ impl State<'_> {
                 }
             }
             Record::Exit { tid, .. } => {
-                let generation = *self.generation;
-                let seen = self.threads.entry(tid).or_insert_with(|| Seen::fresh(generation));
+                let (generation, since) = (*self.generation, *self.since);
+                let seen = self.threads.entry(tid).or_insert_with(|| Seen::fresh(generation, since));
                 seen.exited = true;
-                // A thread given its id later has switches of its own.
-                seen.recent = Recent::default();
+                // A thread given its id later has switches of its own, all
+                // after now (some may have been read, from another ring).
+                seen.recent = Recent { from: super::monotonic_ns(), ..Recent::default() };
             }
             Record::Lost { .. } => {}
         }
@@ -219,14 +261,16 @@ impl Occupancy {
             cpus.push(cpu);
         }
         let current = vec![None; rings.len()];
-        Some(Occupancy { rings, cpus, current, threads: HashMap::default(), scratch: Vec::new(), generation: 0 })
+        // The rings opened before now: every switch from now on is read.
+        let since = super::monotonic_ns();
+        Some(Occupancy { rings, cpus, current, threads: HashMap::default(), scratch: Vec::new(), generation: 0, since })
     }
 
     /// Take in the switches recorded since the last poll (memory only).
     pub fn poll(&mut self) {
         for i in 0..self.rings.len() {
             let mut lost = false;
-            let mut state = State { threads: &mut self.threads, current: &mut self.current, generation: &mut self.generation };
+            let mut state = State { threads: &mut self.threads, current: &mut self.current, generation: &mut self.generation, since: &mut self.since };
             let whole = self.rings[i].take_new(&mut self.scratch, |rec| match parse(rec) {
                 Some(Record::Lost { .. }) => lost = true,
                 Some(r) => state.take(i, r),
@@ -257,6 +301,8 @@ impl Occupancy {
         self.current[cpu] = None;
         self.threads.clear();
         self.generation += 1;
+        // Every switch from now on is read at a later poll.
+        self.since = super::monotonic_ns();
     }
 
     /// `tid` is proven on no CPU as of the last [`poll`](Self::poll): its
@@ -269,8 +315,8 @@ impl Occupancy {
             Some(s) => (s.off || self.runs_nowhere(tid)).then_some(s.ins),
             // Remembered from here on, so that a switch-in counts.
             None => self.runs_nowhere(tid).then(|| {
-                let generation = self.generation;
-                self.threads.entry(tid).or_insert_with(|| Seen::fresh(generation)).ins
+                let (generation, since) = (self.generation, self.since);
+                self.threads.entry(tid).or_insert_with(|| Seen::fresh(generation, since)).ins
             }),
         }
     }
@@ -301,11 +347,20 @@ impl Occupancy {
 
     /// `tid` was on no CPU at `t` (before the last poll began), in a spell
     /// that has ended since: the run that ended as the spell began (its
-    /// switch-in and switch-out), None when that is not known. Nothing when
-    /// it ran at `t`, is still in that spell ([`Self::off_cpu_at`]'s), or
-    /// where it stood then is not known.
-    pub fn off_then_ran(&self, tid: i32, t: u64) -> Option<Option<(u64, u64)>> {
-        self.threads.get(&tid).filter(|s| !s.exited)?.recent.off_spell_ended(t)
+    /// switch-in and switch-out) where known, and its switch-ins as of
+    /// that spell. Nothing when it ran at `t`, is still in that spell
+    /// ([`Self::off_cpu_at`]'s), or where it stood then is not known.
+    pub fn off_then_ran(&self, tid: i32, t: u64) -> Option<Spell> {
+        let s = self.threads.get(&tid).filter(|s| !s.exited)?;
+        s.recent.off_spell_ended(t).map(|(spell, ins_since)| Spell { ins: s.ins.wrapping_sub(ins_since), ..spell })
+    }
+
+    /// How long the switches kept of `tid` span, where they are as many as
+    /// are kept: at the rate it switches, where it stood at an instant
+    /// further back than that may no longer be known
+    /// ([`Self::off_then_ran`]). None where every switch of it is kept.
+    pub fn kept_span(&self, tid: i32) -> Option<u64> {
+        self.threads.get(&tid)?.recent.span()
     }
 
     /// The last run of `tid`, off CPU since it ended, as of the last poll:
@@ -357,8 +412,8 @@ mod tests {
     #[test]
     fn a_proof_never_matches_counts_made_afresh() {
         let switch = |tid, out, time| Record::Switch { pid: 1, tid, time, on_cpu: false, out, other: None };
-        let (mut threads, mut current, mut generation) = (HashMap::default(), vec![None, None], 0u64);
-        let mut s = State { threads: &mut threads, current: &mut current, generation: &mut generation };
+        let (mut threads, mut current, mut generation, mut since) = (HashMap::default(), vec![None, None], 0u64, 0u64);
+        let mut s = State { threads: &mut threads, current: &mut current, generation: &mut generation, since: &mut since };
         s.take(0, switch(7, true, 10));
         let proof = s.threads[&7].ins;
         s.take(1, switch(7, false, 20));
@@ -371,6 +426,7 @@ mod tests {
             threads: threads.clone(),
             scratch: Vec::new(),
             generation: 0,
+            since: 0,
         };
         assert!(occ(s.threads).ran_before(7, proof, u64::MAX), "a thread that ran and exited seen not running");
 
@@ -395,36 +451,55 @@ mod tests {
     /// than what is kept).
     #[test]
     fn a_past_instant_is_placed_among_the_switches() {
-        let mut r = Recent::default();
+        let ended = |run, unseen_start, ins_since| Some((Spell { run, ins: 0, unseen_start }, ins_since));
+        let mut r = Recent { from: 8, ..Recent::default() };
         for (t, out) in [(30, false), (10, false), (20, true), (50, false), (40, true)] {
             r.insert(t, out);
         }
-        assert_eq!(r.off_spell_ended(5), None, "older than what is kept");
+        assert_eq!(r.off_spell_ended(5), None, "older than all it keeps");
+        assert_eq!(r.off_spell_ended(9), ended(None, true, 3), "no switch since 8 before its switch-in at 10: off CPU since before 8");
         assert_eq!(r.off_spell_ended(15), None, "running");
-        assert_eq!(r.off_spell_ended(20), Some(Some((10, 20))), "at the switch-out");
-        assert_eq!(r.off_spell_ended(29), Some(Some((10, 20))));
+        assert_eq!(r.off_spell_ended(20), ended(Some((10, 20)), false, 2), "at the switch-out");
+        assert_eq!(r.off_spell_ended(29), ended(Some((10, 20)), false, 2));
         assert_eq!(r.off_spell_ended(30), None, "at the switch-in: running");
-        assert_eq!(r.off_spell_ended(45), Some(Some((30, 40))));
+        assert_eq!(r.off_spell_ended(45), ended(Some((30, 40)), false, 1));
         assert_eq!(r.off_spell_ended(55), None, "running since 50");
         r.insert(60, true);
         assert_eq!(r.off_spell_ended(65), None, "still off: the spell has not ended");
+        assert_eq!(r.span(), None, "six switches: all kept");
         // Full, the oldest go: a spell whose run began before them has no run.
         for i in 0..9u64 {
             r.insert(100 + 10 * i, i % 2 == 1);
         }
-        assert_eq!(r.off_spell_ended(105), None, "older than what is kept");
-        assert_eq!(r.off_spell_ended(115), Some(None), "the run's switch-in is gone");
-        assert_eq!(r.off_spell_ended(135), Some(Some((120, 130))));
+        assert_eq!(r.span(), Some(70), "kept: 110 to 180");
+        assert_eq!(r.off_spell_ended(105), None, "running: its first switch kept is a switch-out");
+        assert_eq!(r.off_spell_ended(115), ended(None, false, 4), "the run's switch-in is gone");
+        assert_eq!(r.off_spell_ended(135), ended(Some((120, 130)), false, 3));
         r.insert(1, true);
-        assert_eq!(r.off_spell_ended(115), Some(None), "a switch older than all kept is not kept");
+        assert_eq!(r.off_spell_ended(115), ended(None, false, 4), "a switch older than all kept is not kept");
+        // A thread asleep from before its records began: where it stood
+        // before its first switch-in is known only from `from` on.
+        let mut r = Recent { from: 100, ..Recent::default() };
+        r.insert(300, false);
+        assert_eq!(r.off_spell_ended(99), None, "before its records began");
+        assert_eq!(r.off_spell_ended(200), ended(None, true, 1));
+        r.insert(200, true);
+        assert_eq!(r.off_spell_ended(150), None, "running until 200: a switch-out first");
     }
 
     /// A CPU no switch is known of proves nothing, until a sample there
     /// names who runs on it; one whose task is known keeps it.
     #[test]
     fn a_sample_names_the_task_of_a_cpu_that_never_switched() {
-        let mut o =
-            Occupancy { rings: Vec::new(), cpus: vec![0, 3], current: vec![None, Some(5)], threads: HashMap::default(), scratch: Vec::new(), generation: 0 };
+        let mut o = Occupancy {
+            rings: Vec::new(),
+            cpus: vec![0, 3],
+            current: vec![None, Some(5)],
+            threads: HashMap::default(),
+            scratch: Vec::new(),
+            generation: 0,
+            since: 0,
+        };
         assert_eq!(o.off_cpu(7), None, "CPU 0's task unknown");
         o.saw_running(3, 9);
         assert_eq!(o.current, [None, Some(5)], "a known task stays");
