@@ -301,7 +301,7 @@ struct Kept {
 
 /// Records kept per thread: as many runs as the switches
 /// `process::occupancy` keeps of each thread.
-const SWITCHED_KEPT: usize = 4;
+const SWITCHED_KEPT: usize = 8;
 
 impl Switched {
     /// Keep `rec`, taken at `time`, as one of `tid`'s.
@@ -577,8 +577,13 @@ mod tests {
         assert_eq!(sw.for_run(7, Some((500, 1_000))), Some(&b"first"[..]), "an earlier run's, kept");
         sw.forget(7, 4_000);
         assert_eq!(sw.for_run(7, Some((3_500, 4_000))), None, "a run whose record failed");
-        sw.keep(7, 5_000, b"fifth");
-        assert_eq!(sw.for_run(7, Some((500, 1_000))), None, "the oldest gone, four kept");
+        // Filled up: the oldest goes.
+        for i in 5..=SWITCHED_KEPT as u64 {
+            sw.keep(7, 1_000 * i, b"later");
+        }
+        assert_eq!(sw.for_run(7, Some((500, 1_000))), Some(&b"first"[..]), "as many as are kept");
+        sw.keep(7, 1_000 * (SWITCHED_KEPT as u64 + 1), b"one more");
+        assert_eq!(sw.for_run(7, Some((500, 1_000))), None, "the oldest gone");
         assert_eq!(sw.for_run(7, Some((1_800, 2_000))), Some(&b"second"[..]));
         sw.keep(9, 10, b"x");
         sw.retain(|tid| tid != 9);

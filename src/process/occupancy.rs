@@ -79,9 +79,30 @@ struct Seen {
     recent: Recent,
 }
 
-/// Switches kept per thread: four runs, more than a thread makes in a
-/// catch-up's span (`kernel::off_cpu::Ticks`) unless it blocks every 12 ms.
-const RECENT: usize = 8;
+/// Switches kept per thread: eight runs. Wall mode takes ticks up to
+/// half their span late (`kernel::off_cpu::hold`): a thread that runs
+/// every 12 ms (one of 8 spinners sharing a CPU) lets them wait 40 ms.
+const RECENT: usize = 16;
+
+/// One switch: its time (CLOCK_MONOTONIC ns) and whether it was a
+/// switch-out, in one word: a [`Recent`] is kept for every thread of the
+/// machine that switches.
+#[derive(Clone, Copy, Default)]
+struct Switch(u64);
+
+impl Switch {
+    fn new(time: u64, out: bool) -> Switch {
+        Switch(time << 1 | u64::from(out))
+    }
+
+    fn time(self) -> u64 {
+        self.0 >> 1
+    }
+
+    fn out(self) -> bool {
+        self.0 & 1 == 1
+    }
+}
 
 /// A thread's latest switches, oldest first: (time, a switch-out).
 /// Inserted in time order, as a thread's records come from the ring of
@@ -90,7 +111,7 @@ const RECENT: usize = 8;
 /// switches after the start, never a missing one before it.
 #[derive(Clone, Copy, Default)]
 struct Recent {
-    at: [(u64, bool); RECENT],
+    at: [Switch; RECENT],
     len: u8,
     /// Every switch of the thread at or after this instant is kept (or
     /// was, until a newer one pushed it out, which moves this past it).
@@ -116,19 +137,19 @@ pub struct Spell {
 impl Recent {
     fn insert(&mut self, time: u64, out: bool) {
         let len = self.len as usize;
-        let pos = self.at[..len].partition_point(|&(t, _)| t <= time);
+        let pos = self.at[..len].partition_point(|s| s.time() <= time);
         if len == RECENT {
             if pos == 0 {
                 self.from = self.from.max(time + 1);
                 return;
             }
             // The oldest goes.
-            self.from = self.from.max(self.at[0].0 + 1);
+            self.from = self.from.max(self.at[0].time() + 1);
             self.at.copy_within(1..pos, 0);
-            self.at[pos - 1] = (time, out);
+            self.at[pos - 1] = Switch::new(time, out);
         } else {
             self.at.copy_within(pos..len, pos + 1);
-            self.at[pos] = (time, out);
+            self.at[pos] = Switch::new(time, out);
             self.len += 1;
         }
     }
@@ -136,7 +157,7 @@ impl Recent {
     /// How long its kept switches span, once as many are kept as fit (a
     /// thread with fewer has all of its switches since the rings opened).
     fn span(&self) -> Option<u64> {
-        (self.len as usize == RECENT).then(|| self.at[RECENT - 1].0.saturating_sub(self.at[0].0))
+        (self.len as usize == RECENT).then(|| self.at[RECENT - 1].time().saturating_sub(self.at[0].time()))
     }
 
     /// If the thread was on no CPU at `t` in a spell that a switch-in
@@ -145,18 +166,17 @@ impl Recent {
     /// spell, or where it stood at `t` is not known (older than `from`).
     fn off_spell_ended(&self, t: u64) -> Option<(Spell, u32)> {
         let at = &self.at[..self.len as usize];
-        let after = at.partition_point(|&(time, _)| time <= t);
-        let ins_since = at[after..].iter().filter(|&&(_, o)| !o).count() as u32;
+        let after = at.partition_point(|s| s.time() <= t);
+        let ins_since = at[after..].iter().filter(|s| !s.out()).count() as u32;
         let Some(j) = after.checked_sub(1) else {
             // No switch of it from `from` to its first kept, a switch-in:
             // it was on no CPU all that while.
             let spell = Spell { run: None, ins: 0, unseen_start: true };
-            return (t >= self.from && at.first().is_some_and(|&(_, o)| !o)).then_some((spell, ins_since));
+            return (t >= self.from && at.first().is_some_and(|s| !s.out())).then_some((spell, ins_since));
         };
-        let (out_time, out) = at[j];
-        let ended = at.get(j + 1).is_some_and(|&(_, o)| !o);
-        let run = j.checked_sub(1).map(|i| at[i]).filter(|&(_, o)| !o).map(|(in_time, _)| (in_time, out_time));
-        (out && ended).then_some((Spell { run, ins: 0, unseen_start: false }, ins_since))
+        let ended = at.get(j + 1).is_some_and(|s| !s.out());
+        let run = j.checked_sub(1).map(|i| at[i]).filter(|s| !s.out()).map(|s| (s.time(), at[j].time()));
+        (at[j].out() && ended).then_some((Spell { run, ins: 0, unseen_start: false }, ins_since))
     }
 }
 
@@ -468,15 +488,17 @@ mod tests {
         assert_eq!(r.off_spell_ended(65), None, "still off: the spell has not ended");
         assert_eq!(r.span(), None, "six switches: all kept");
         // Full, the oldest go: a spell whose run began before them has no run.
-        for i in 0..9u64 {
+        let n = RECENT as u64;
+        for i in 0..=n {
             r.insert(100 + 10 * i, i % 2 == 1);
         }
-        assert_eq!(r.span(), Some(70), "kept: 110 to 180");
+        assert_eq!(r.span(), Some(10 * (n - 1)), "kept: 110 on");
+        let ins_after_110 = (n / 2) as u32;
         assert_eq!(r.off_spell_ended(105), None, "running: its first switch kept is a switch-out");
-        assert_eq!(r.off_spell_ended(115), ended(None, false, 4), "the run's switch-in is gone");
-        assert_eq!(r.off_spell_ended(135), ended(Some((120, 130)), false, 3));
+        assert_eq!(r.off_spell_ended(115), ended(None, false, ins_after_110), "the run's switch-in is gone");
+        assert_eq!(r.off_spell_ended(135), ended(Some((120, 130)), false, ins_after_110 - 1));
         r.insert(1, true);
-        assert_eq!(r.off_spell_ended(115), ended(None, false, 4), "a switch older than all kept is not kept");
+        assert_eq!(r.off_spell_ended(115), ended(None, false, ins_after_110), "a switch older than all kept is not kept");
         // A thread asleep from before its records began: where it stood
         // before its first switch-in is known only from `from` on.
         let mut r = Recent { from: 100, ..Recent::default() };
