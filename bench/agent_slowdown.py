@@ -7,7 +7,19 @@ drop against the rounds without an agent (medians), beside the agent's own
 CPU and, for the kernel sampler, its BPF program's, from its /metrics.
 
     python3 bench/agent_slowdown.py [--procs 16] [--rate 100] [--secs 10] [--rounds 3]
-        [--samplers kernel,ptrace,kernel:cpu]
+        [--samplers kernel,ptrace,kernel:cpu,kernel@/tmp/pyprof-before]
+
+A sampler may name the build to run (SAMPLER[:MODE]@PATH), to set two
+builds side by side in the same rounds.
+
+Beside the throughput, each round adds up the spinners' own CPU time (from
+/proc): on this machine, whose CPUs the spinners fill, what the agent takes
+from them comes out of it, while the host's speed, which moves the
+throughput by several percent within a minute, does not. The interrupts
+and the BPF program run on the spinners' time (no IRQ time accounting
+here), so `accounted` adds the program's measured time to the agent's:
+(agent + BPF) / CPUs, the share of the machine they take, without the
+interrupts' own entry and exit (bench/slowdown_pairs.py's floor).
 
 The agent runs with --max-cpu 100%, so that its budget never lowers the
 rate asked for: this measures the rate's cost, not the budget's.
@@ -74,21 +86,32 @@ def metrics(url):
 
 
 def cpu_secs(pid):
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return run_ns(pid) / 1e9
+
+
+def run_ns(pid):
+    """CPU time of every thread of `pid` so far, in ns (schedstat)."""
+    total = 0
+    for t in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, t)) as f:
+                total += int(f.read().split()[0])
+        except OSError:
+            pass
+    return total
 
 
 def one_round(args, python, script, sampler, tmp):
-    """-> (summed work units per second, agent fields or None)."""
+    """-> (summed work units per second, the spinners' CPU seconds per second, agent fields or None)."""
     start = time.time() + 2.0
     procs = [subprocess.Popen([python, script, "%.3f" % start, str(args.secs)], stdout=subprocess.PIPE,
                               preexec_fn=die_with_parent()) for _ in range(args.procs)]
     agent, url, agent_info = None, None, None
     if sampler:
-        log = open(os.path.join(tmp, "agent-%s.log" % sampler.replace(":", "-")), "wb")
-        name, _, mode = sampler.partition(":")
-        argv = [args.pyprof, "agent", "--sampler", name, "-r", str(args.rate), "--max-cpu", "100%",
+        spec, _, build = sampler.partition("@")
+        log = open(os.path.join(tmp, "agent-%s.log" % spec.replace(":", "-")), "wb")
+        name, _, mode = spec.partition(":")
+        argv = [build or args.pyprof, "agent", "--sampler", name, "-r", str(args.rate), "--max-cpu", "100%",
                 "--listen", "127.0.0.1:0"] + (["--mode", mode] if mode else [])
         for p in procs:
             argv += ["--pid", str(p.pid)]
@@ -102,6 +125,12 @@ def one_round(args, python, script, sampler, tmp):
             sys.exit("agent_slowdown: the agent printed no address: %s" % open(log.name).read())
     time.sleep(max(0.0, start - time.time()))
     before = (metrics(url), cpu_secs(agent.pid), time.monotonic()) if agent else None
+    # The spinners' CPU over their spinning seconds: a second in, a second before the end.
+    time.sleep(1.0)
+    ns0, t0 = sum(run_ns(p.pid) for p in procs), time.monotonic()
+    time.sleep(max(0.0, args.secs - 2.0))
+    ns1, t1 = sum(run_ns(p.pid) for p in procs), time.monotonic()
+    cpus = (ns1 - ns0) / 1e9 / (t1 - t0)
     counts = [int(p.communicate(timeout=args.secs + 60)[0].split()[-1]) for p in procs]
     if agent:
         after = (metrics(url), cpu_secs(agent.pid), time.monotonic())
@@ -117,7 +146,7 @@ def one_round(args, python, script, sampler, tmp):
         }
         agent.send_signal(signal.SIGTERM)
         agent.wait(timeout=30)
-    return sum(counts) / args.secs, agent_info
+    return sum(counts) / args.secs, cpus, agent_info
 
 
 def main():
@@ -142,21 +171,29 @@ def main():
     for r in range(args.rounds):
         order = configs if r % 2 == 0 else list(reversed(configs))
         for c in order:
-            rate, info = one_round(args, python, script, c, tmp)
-            runs[str(c)].append({"units_per_s": rate, "agent": info})
-            print("round %d %-7s %12.0f units/s %s" % (r + 1, c or "none", rate, json.dumps(info) if info else ""), flush=True)
+            rate, cpus, info = one_round(args, python, script, c, tmp)
+            runs[str(c)].append({"units_per_s": rate, "spinner_cpus": cpus, "agent": info})
+            print("round %d %-7s %12.0f units/s %6.4f CPUs %s" % (r + 1, c or "none", rate, cpus, json.dumps(info) if info else ""), flush=True)
     base = statistics.median(x["units_per_s"] for x in runs["None"])
-    print("\n%d spinning %s processes, %d Hz, %g s a run, %d rounds (medians)" % (args.procs, args.python, args.rate, args.secs, args.rounds))
-    print("%-8s %9s %11s %9s %10s" % ("agent", "slowdown", "agent CPU", "BPF CPU", "samples/s"))
+    base_cpus = statistics.median(x["spinner_cpus"] for x in runs["None"])
+    ncpu = os.cpu_count()
+    print("\n%d spinning %s processes, %d Hz, %g s a run, %d rounds (medians; CPU in %% of one CPU; shares in %% of the %d CPUs)"
+          % (args.procs, args.python, args.rate, args.secs, args.rounds, ncpu))
+    print("%-8s %9s %14s %11s %9s %11s %10s" % ("agent", "slowdown", "spinners' CPU", "agent CPU", "BPF CPU", "accounted", "samples/s"))
     summary = {}
     for c in configs[1:]:
         rs = runs[c]
         slow = 100.0 * (1.0 - statistics.median(x["units_per_s"] for x in rs) / base)
+        cpu_loss = 100.0 * (1.0 - statistics.median(x["spinner_cpus"] for x in rs) / base_cpus)
         med = lambda k: statistics.median(x["agent"][k] for x in rs)
-        summary[c] = {"slowdown_pct": slow, "agent_cpu_pct": med("agent_cpu_pct"), "bpf_cpu_pct": med("bpf_cpu_pct"),
+        accounted = statistics.median((x["agent"]["agent_cpu_pct"] + x["agent"]["bpf_cpu_pct"]) / ncpu for x in rs)
+        summary[c] = {"slowdown_pct": slow, "spinner_cpu_loss_pct": cpu_loss, "agent_cpu_pct": med("agent_cpu_pct"),
+                      "bpf_cpu_pct": med("bpf_cpu_pct"), "accounted_pct": accounted,
                       "samples_per_s": med("samples_per_s"), "ran": sorted({x["agent"]["sampler"] for x in rs})}
         s = summary[c]
-        print("%-8s %8.2f%% %10.2f%% %8.3f%% %10.0f   (ran: %s)" % (c, slow, s["agent_cpu_pct"], s["bpf_cpu_pct"], s["samples_per_s"], ",".join(s["ran"])))
+        print("%-8s %8.2f%% %13.2f%% %10.2f%% %8.3f%% %10.2f%% %10.0f   (ran: %s)"
+              % (c.split("@")[0] + ("@" + os.path.basename(c.split("@")[1]) if "@" in c else ""), slow, cpu_loss,
+                 s["agent_cpu_pct"], s["bpf_cpu_pct"], accounted, s["samples_per_s"], ",".join(s["ran"])))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "runs": runs, "summary": summary}, f, indent=1)
