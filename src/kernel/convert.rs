@@ -29,6 +29,12 @@ pub const TRUNCATED: &str = "[truncated]";
 /// code object, between the interrupt and the moment pyprof read it.
 pub const CODE_GONE: &str = "[code object gone before read]";
 
+/// Whether `frames` show a code object as gone, `gone` being the
+/// converter's name for that ([`Converter::gone_name`]).
+pub fn shows(frames: &[Frame], gone: &Arc<str>) -> bool {
+    frames.iter().any(|f| Arc::ptr_eq(&f.function, gone))
+}
+
 /// What became of one record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -251,7 +257,13 @@ impl Converter {
     /// Whether `out`, the last record's stack, shows a code object as gone
     /// (a stand-in made for a frame the rules then hid shows nothing).
     pub fn shows_gone(&self, out: &[Frame]) -> bool {
-        self.stood_in && out.iter().any(|f| Arc::ptr_eq(&f.function, &self.gone.name))
+        self.stood_in && shows(out, &self.gone_name())
+    }
+
+    /// The name a frame whose code object was gone shows: `shows`, for a
+    /// stack made from a record once and counted at each tick it serves.
+    pub fn gone_name(&self) -> Arc<str> {
+        self.gone.name.clone()
     }
 
     /// Turn record `h` (its frames in `frames`) into `out`, innermost first.

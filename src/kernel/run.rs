@@ -102,7 +102,6 @@ fn switch_stack(
             return t;
         }
     }
-    made.code_gone += u64::from(converter.shows_gone(&t.frames));
     t.holds_gil = holds_gil(&h, locked_shift);
     if let Some(f) = gc_frame.filter(|_| t.holds_gil && h.gc as u32 != 0) {
         t.frames.insert(0, f.clone());
@@ -378,6 +377,9 @@ pub fn run(
                     off.off.retain(|&(tid, _, _)| selects(&p.filter, &p.target, &mut p.names, tid));
                     off.ended.retain(|&(tid, _)| selects(&p.filter, &p.target, &mut p.names, tid));
                     let (pid, command, names, carry, gc_frame) = (p.target.pid, &p.command, &mut p.names, &mut p.carry, p.gc_frame.as_ref());
+                    // Counted at each sample it shows in: a stack made from
+                    // a record once serves every tick of its spell.
+                    let gone = p.target.converter.gone_name();
                     let gc_frames = gc_frame.is_some();
                     let gc_samples = &mut stats.gc_samples;
                     let locked_shift = p.locked_shift;
@@ -403,6 +405,7 @@ pub fn run(
                             return;
                         }
                         ks.counts.off_cpu += 1;
+                        ks.counts.code_gone += u64::from(super::convert::shows(frames, &gone));
                         if in_gc {
                             *gc_samples.get_or_insert(0) += 1;
                         }
@@ -440,7 +443,6 @@ pub fn run(
                     }
                     ks.counts.mid_push += made.mid_push;
                     ks.counts.torn += made.torn;
-                    ks.counts.code_gone += made.code_gone;
                     ks.counts.reused_frames += made.reused_frames;
                 }
             }
