@@ -257,11 +257,12 @@ impl Converter {
     /// Whether `out`, the last record's stack, shows a code object as gone
     /// (a stand-in made for a frame the rules then hid shows nothing).
     pub fn shows_gone(&self, out: &[Frame]) -> bool {
-        self.stood_in && shows(out, &self.gone_name())
+        self.stood_in && shows(out, &self.gone.name)
     }
 
-    /// The name a frame whose code object was gone shows: `shows`, for a
-    /// stack made from a record once and counted at each tick it serves.
+    /// The name a frame whose code object was gone shows, fixed for the
+    /// converter's life: for [`shows`], on a stack made once and counted at
+    /// each tick it serves.
     pub fn gone_name(&self) -> Arc<str> {
         self.gone.name.clone()
     }

@@ -97,11 +97,6 @@ impl Ticks {
         *self = Ticks { taken, late, skipped, ..Ticks::new(rate_hz, self.catch_up) };
     }
 
-    /// How long until the next tick is due (zero if it is).
-    pub fn until_next(&self) -> Duration {
-        self.until_taken(Duration::ZERO)
-    }
-
     /// How long until the next tick is to be taken, `hold` (see [`hold`])
     /// after its instant; without the switch records, at its instant.
     pub fn until_taken(&self, hold: Duration) -> Duration {
@@ -546,7 +541,7 @@ mod tests {
         }
         assert!(t.covers(t.instant(k) + t.period / 2), "the taken tick's period");
         assert!(t.covers(t.instant(k) + 5 * t.period), "a tick not yet due");
-        assert!(t.until_next() <= Duration::from_millis(1));
+        assert!(t.until_taken(Duration::ZERO) <= Duration::from_millis(1));
         // Without the switch records a tick missed is skipped, however short the delay.
         let mut t = Ticks::new(1000.0, false);
         std::thread::sleep(Duration::from_micros(3500));

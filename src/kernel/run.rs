@@ -5,6 +5,7 @@
 //! its thread state as holder).
 
 use rustc_hash::FxHashMap as HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -132,6 +133,9 @@ struct Proc {
     /// cloning it from the session at every tick was a tenth of the
     /// agent's CPU (two atomic increments on a cold cache line).
     gc_frame: Option<Frame>,
+    /// The converter's name for a code object gone before read, kept here
+    /// for the same reason.
+    gone: Arc<str>,
 }
 
 impl Proc {
@@ -146,7 +150,6 @@ impl Proc {
         // Taken before wall mode's reads narrow the session's selection to the threads off CPU.
         let filter = s.selected_threads().clone();
         Ok(Proc {
-            target,
             command,
             names: HashMap::default(),
             session: si,
@@ -155,6 +158,8 @@ impl Proc {
             switched: off_cpu::Switched::default(),
             filter,
             gc_frame: s.gc_frame().cloned(),
+            gone: target.converter.gone_name(),
+            target,
         })
     }
 }
@@ -379,7 +384,7 @@ pub fn run(
                     let (pid, command, names, carry, gc_frame) = (p.target.pid, &p.command, &mut p.names, &mut p.carry, p.gc_frame.as_ref());
                     // Counted at each sample it shows in: a stack made from
                     // a record once serves every tick of its spell.
-                    let gone = p.target.converter.gone_name();
+                    let gone = &p.gone;
                     let gc_frames = gc_frame.is_some();
                     let gc_samples = &mut stats.gc_samples;
                     let locked_shift = p.locked_shift;
@@ -405,7 +410,7 @@ pub fn run(
                             return;
                         }
                         ks.counts.off_cpu += 1;
-                        ks.counts.code_gone += u64::from(super::convert::shows(frames, &gone));
+                        ks.counts.code_gone += u64::from(super::convert::shows(frames, gone));
                         if in_gc {
                             *gc_samples.get_or_insert(0) += 1;
                         }
