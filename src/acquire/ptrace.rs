@@ -791,8 +791,9 @@ mod tests {
         let child = Busy::on(last_cpu());
         let pid = child.pid();
         let Some(hog) = crate::process::cpu_hog::Hog::on(last_cpu()) else { return };
-        // The kernel lends a real-time hog's CPU to starved tasks now and
-        // then: a child that stopped had it lent, and is tried again.
+        // The kernel lends a real-time hog's CPU to starved tasks for 50 ms
+        // at a time: a child that stopped had it lent, and is tried again
+        // once that window is over (five quick tries all fell in one).
         let mut tries = 0;
         let stopped = loop {
             let mut stopped = Stopped::none(pid, HoldPolicy::default());
@@ -801,6 +802,8 @@ mod tests {
             if !stopped.holds(pid) || tries == 5 {
                 break stopped;
             }
+            drop(stopped);
+            std::thread::sleep(Duration::from_millis(60));
         };
         assert!(!stopped.holds(pid) && stopped.holds_or_freezes(pid), "the child stopped though it had no CPU, {tries} times");
         drop(stopped);
