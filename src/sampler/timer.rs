@@ -306,6 +306,24 @@ mod tests {
         ru.ru_nvcsw
     }
 
+    /// The voluntary switches of twenty waits, a count per try, tried up
+    /// to three times until `enough` (given the try's time and count) says so.
+    fn tries_of_twenty_waits(t: &mut Timer, enough: impl Fn(Duration, i64) -> bool) -> Vec<i64> {
+        let mut counts = Vec::new();
+        for _ in 0..3 {
+            let (before, start) = (voluntary_switches(), std::time::Instant::now());
+            for _ in 0..20 {
+                t.wait();
+            }
+            let (took, n) = (start.elapsed(), voluntary_switches() - before);
+            counts.push(n);
+            if enough(took, n) {
+                break;
+            }
+        }
+        counts
+    }
+
     /// Waits under `spin_below` do not sleep (no voluntary context
     /// switch) and still end at their deadline; longer ones sleep.
     #[test]
@@ -320,20 +338,11 @@ mod tests {
         // process's (a page fault waiting on memory another test's thread
         // has locked): one run of the unit tests in about fifteen here
         // failed. Waits that sleep would switch in every try.
-        let mut switched = Vec::new();
-        for _ in 0..3 {
-            let (before, start) = (voluntary_switches(), std::time::Instant::now());
-            for _ in 0..20 {
-                t.wait();
-            }
-            let took = start.elapsed();
+        let switched = tries_of_twenty_waits(&mut t, |took, n| {
             // Twenty ticks, each anywhere in its 200 µs slot: not returned early.
             assert!(took >= 19 * interval, "{took:?}");
-            switched.push(voluntary_switches() - before);
-            if switched.last() == Some(&0) {
-                break;
-            }
-        }
+            n == 0
+        });
         assert_eq!(switched.last(), Some(&0), "spun waits slept, in every try: {switched:?}");
         // Slots of 2 ms for the sleeps: a wait whose deadline has passed
         // (this thread preempted past it, as under a parallel test run)
@@ -341,17 +350,7 @@ mod tests {
         // that way.
         t.set_interval(Duration::from_millis(2));
         t.spin_below = 0;
-        let mut sleeps = Vec::new();
-        for _ in 0..3 {
-            let before = voluntary_switches();
-            for _ in 0..20 {
-                t.wait();
-            }
-            sleeps.push(voluntary_switches() - before);
-            if sleeps.last() >= Some(&10) {
-                break;
-            }
-        }
+        let sleeps = tries_of_twenty_waits(&mut t, |_, n| n >= 10);
         assert!(sleeps.last() >= Some(&10), "sleeps in 20 waits of 2 ms, each try: {sleeps:?}");
     }
 
