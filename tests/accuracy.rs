@@ -319,7 +319,7 @@ const PAIRED_STEADY_SE_PP: f64 = 1.5;
 /// reading is true in those windows is open (docs/performance.md); a
 /// sampler whose every measurement scatters so still fails, as the test
 /// fails in CI after a few unsteady tries.
-const REFERENCE_STEADY_SD_PP: f64 = 3.5;
+const STANDARD_STEADY_SD_PP: f64 = 3.5;
 
 fn fmt_shares(shares: &BTreeMap<String, f64>) -> String {
     SHORT_FUNCS.iter().map(|f| format!("{:.1}", shares.get(*f).copied().unwrap_or(0.0))).collect::<Vec<_>>().join("/")
@@ -437,8 +437,8 @@ fn measure_short_callees(py: &Interpreter, pyspy: &Path, extra: &[&str]) -> Outc
             };
             if rate == 0 {
                 let counts = pyspy_attach(pyspy, pid, SPY_RATE, SPY_SECS, &spy_out).leaf_functions();
-                let standard = standard_shares(beside_it, &mut standard);
-                spy_chunks.push(Chunk { at: middle(), shares: percent(&counts), standard });
+                let standard_here = standard_shares(beside_it, &mut standard);
+                spy_chunks.push(Chunk { at: middle(), shares: percent(&counts), standard: standard_here });
                 add_counts(&mut spy, &counts);
                 continue;
             }
@@ -554,12 +554,12 @@ fn short_callees_verdict(
         let scatter_of = |chunks: &[Chunk]| SHORT_FUNCS.map(|f| sd(&chunks.iter().map(|c| c.share(f)).collect::<Vec<_>>()));
         let scatters = standardised.as_ref().map(|(ours, theirs)| (scatter_of(ours), scatter_of(theirs)));
         if let Some((o, t)) = &scatters {
-            steady &= o.iter().chain(t).all(|&x| x <= REFERENCE_STEADY_SD_PP);
+            steady &= o.iter().chain(t).all(|&x| x <= STANDARD_STEADY_SD_PP);
         }
         let scatter_said = scatters.map_or(String::new(), |(o, t)| {
             let fmt = |s: [f64; 3]| s.map(|x| format!("{x:.1}")).join("/");
             format!(
-                "; less the standard, pyprof scatters {} pp and py-spy {} (sd; at most {REFERENCE_STEADY_SD_PP} each for a steady measurement)",
+                "; less the standard, pyprof scatters {} pp and py-spy {} (sd; at most {STANDARD_STEADY_SD_PP} each for a steady measurement)",
                 fmt(o),
                 fmt(t)
             )
